@@ -1,0 +1,269 @@
+"""Settings from ``SGLANG_FL_*`` variables over a TOML config file over defaults.
+
+Every value that cannot be parsed is a :class:`~sglang_fl.errors.ConfigError` naming the
+variable (or file key), the value and what is allowed. Each setting remembers where it came
+from, for ``sglang-fl doctor``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .ops import STANDARD_OPS, unknown_op_message
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["ENV_PREFIX", "SETTINGS", "OrderToken", "Settings"]
+
+ENV_PREFIX = "SGLANG_FL_"
+_log = logging.getLogger(__name__)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_KINDS = ("flagos", "vendor", "reference")
+DEFAULT_ORDER = _KINDS
+TOKEN_HELP = "flagos, vendor, vendor:<name>, reference, impl:<impl_id>"
+
+
+@dataclass(frozen=True)
+class OrderToken:
+    """One entry of a selection order: a kind, a named vendor, or one implementation."""
+
+    kind: str  # "flagos" | "vendor" | "reference" | "impl"
+    value: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> OrderToken:
+        token = text.strip()
+        kind, sep, value = token.partition(":")
+        if not sep and kind in _KINDS:
+            return cls(kind)
+        if sep and kind in ("vendor", "impl") and value and _NAME.match(value):
+            return cls(kind, value)
+        raise ConfigError(f"{where}: invalid selection token {token!r}; allowed: {TOKEN_HELP}")
+
+
+def _parse_bool(raw: Any, where: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ConfigError(f"{where}={raw!r} is not a boolean; allowed: 1, 0, true, false, yes, no")
+
+
+def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"{where}={raw!r}: expected a comma-separated list of names")
+    names = tuple(str(item).strip() for item in items if str(item).strip())
+    for name in names:
+        if not _NAME.match(name):
+            raise ConfigError(
+                f"{where}={raw!r}: {name!r} is not a valid name (letters, digits, '_', '.', '-')"
+            )
+    return names
+
+
+def _parse_order(raw: Any, where: str) -> tuple[OrderToken, ...]:
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(f"{where}={raw!r}: expected a non-empty list of {TOKEN_HELP}")
+    tokens = tuple(OrderToken.parse(str(item), where) for item in items)
+    if len(set(tokens)) != len(tokens):
+        raise ConfigError(f"{where}={raw!r}: a token appears twice")
+    return tokens
+
+
+def _parse_prefer(raw: Any, where: str) -> OrderToken:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{where}={raw!r}: expected one of {TOKEN_HELP}")
+    return OrderToken.parse(raw, where)
+
+
+def _check_op(name: str, where: str) -> str:
+    if name not in STANDARD_OPS:
+        raise ConfigError(f"{where}: {unknown_op_message(name)}")
+    return name
+
+
+def _parse_per_op(raw: Any, where: str) -> dict[str, tuple[OrderToken, ...]]:
+    """``rms_norm=vendor:cuda|reference;silu_and_mul=reference`` or a TOML table of lists."""
+    if isinstance(raw, Mapping):
+        return {
+            _check_op(op, f"{where}.{op}"): _parse_order(order, f"{where}.{op}")
+            for op, order in raw.items()
+        }
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}={raw!r}: expected 'op=token|token;op=token'")
+    result: dict[str, tuple[OrderToken, ...]] = {}
+    for entry in filter(None, (part.strip() for part in raw.split(";"))):
+        op, sep, order = entry.partition("=")
+        if not sep:
+            raise ConfigError(
+                f"{where}={raw!r}: entry {entry!r} has no '='; expected 'op=token|token;...' "
+                f"with tokens {TOKEN_HELP}"
+            )
+        op = _check_op(op.strip(), where)
+        if op in result:
+            raise ConfigError(f"{where}={raw!r}: op {op!r} appears twice")
+        result[op] = _parse_order(order.split("|"), f"{where} ({op})")
+    return result
+
+
+def _parse_path(raw: Any, where: str) -> Path | None:
+    if not isinstance(raw, str):
+        raise ConfigError(f"{where}={raw!r}: expected a file path")
+    return Path(raw).expanduser() if raw.strip() else None
+
+
+@dataclass(frozen=True)
+class _Setting:
+    key: str
+    parse: Callable[[Any, str], Any]
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+SETTINGS: tuple[_Setting, ...] = (
+    _Setting(
+        "prefer",
+        _parse_prefer,
+        None,
+        f"token ranked first for every op, before the default order ({TOKEN_HELP})",
+    ),
+    _Setting(
+        "per_op",
+        _parse_per_op,
+        {},
+        "per-op order replacing the default: 'rms_norm=vendor:cuda|reference;...'",
+    ),
+    _Setting(
+        "strict",
+        _parse_bool,
+        False,
+        "no silent fallback: plugin failures, unmet explicit choices and Unsupported raise",
+    ),
+    _Setting(
+        "allow_vendors",
+        _parse_names,
+        None,
+        "only implementations of these vendors are candidates (unset = all)",
+    ),
+    _Setting("deny_vendors", _parse_names, (), "implementations of these vendors never are"),
+    _Setting(
+        "plugins", _parse_names, None, "entry-point names to load (unset = all, empty = none)"
+    ),
+    _Setting("disable_plugins", _parse_names, (), "entry-point names never to load"),
+    _Setting(
+        "dispatch_log",
+        _parse_path,
+        None,
+        "append the SGLang dispatch report as JSON lines to this file",
+    ),
+    _Setting("trace", _parse_bool, False, "print pluggy's hook-call trace to stderr"),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration, and where each value came from."""
+
+    prefer: OrderToken | None = None
+    per_op: Mapping[str, tuple[OrderToken, ...]] = field(default_factory=dict)
+    strict: bool = False
+    allow_vendors: tuple[str, ...] | None = None
+    deny_vendors: tuple[str, ...] = ()
+    plugins: tuple[str, ...] | None = None
+    disable_plugins: tuple[str, ...] = ()
+    dispatch_log: Path | None = None
+    trace: bool = False
+    config_file: Path | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Defaults, then ``SGLANG_FL_CONFIG``'s file, then the other ``SGLANG_FL_*``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+        sources = {s.key: "default" for s in SETTINGS}
+        config_file = None
+        raw_path = environ.get(ENV_PREFIX + "CONFIG", "").strip()
+        if raw_path:
+            config_file = Path(raw_path).expanduser()
+            for key, value in _read_config_file(config_file, ENV_PREFIX + "CONFIG").items():
+                values[key] = _BY_KEY[key].parse(value, f"{config_file}: {key}")
+                sources[key] = f"config file {config_file}"
+        known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "CONFIG"}
+        for name in environ:
+            if name.startswith(ENV_PREFIX) and name not in known_env:
+                close = difflib.get_close_matches(name, known_env, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                _log.warning(
+                    "ignoring unknown variable %s%s; known: %s",
+                    name,
+                    hint,
+                    ", ".join(sorted(known_env)),
+                )
+        for setting in SETTINGS:
+            if setting.env in environ:
+                values[setting.key] = setting.parse(environ[setting.env], setting.env)
+                sources[setting.key] = f"environment {setting.env}"
+        return cls(**values, config_file=config_file, sources=sources)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able effective settings with their sources."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, OrderToken | Path):
+                return str(value)
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            if isinstance(value, Mapping):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {
+            "config_file": None if self.config_file is None else str(self.config_file),
+            "settings": {
+                s.key: {"value": plain(getattr(self, s.key)), "source": self.sources.get(s.key)}
+                for s in SETTINGS
+            },
+        }
+
+
+def _read_config_file(path: Path, variable: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{variable}={str(path)!r}: file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{variable}={str(path)!r}: not valid TOML ({exc})") from None
+    for key in data:
+        if key not in _BY_KEY:
+            close = difflib.get_close_matches(key, _BY_KEY, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{path}: unknown key {key!r}{hint}; allowed keys: {', '.join(_BY_KEY)}"
+            )
+    return data

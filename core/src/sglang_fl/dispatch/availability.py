@@ -1,0 +1,58 @@
+"""Lazy availability probes: each probe runs at most once per process and never raises."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from .types import Availability, OpImpl
+
+__all__ = ["AvailabilityCache"]
+
+_log = logging.getLogger(__name__)
+
+
+class AvailabilityCache:
+    """Memoises probe results by probe (bound methods of one backend share one entry)."""
+
+    def __init__(self) -> None:
+        self._results: dict[Callable[[], object], Availability] = {}
+        self._lock = threading.Lock()
+
+    def check(self, impl: OpImpl) -> Availability:
+        probe = impl.availability_probe
+        if probe is None:
+            return Availability(True, "no availability probe: always available")
+        with self._lock:
+            cached = self._results.get(probe)
+            if cached is None:
+                cached = self._results[probe] = _run(probe, impl)
+            return cached
+
+
+def _run(probe: Callable[[], object], impl: OpImpl) -> Availability:
+    try:
+        result = probe()
+    except Exception as exc:  # a vendor bug must not take the process down
+        _log.warning(
+            "availability probe of %s (%s) raised %s: %s; treating it as unavailable",
+            impl.impl_id,
+            impl.provenance,
+            type(exc).__name__,
+            exc,
+        )
+        return Availability(False, f"availability probe raised {type(exc).__name__}: {exc}")
+    if isinstance(result, Availability):
+        return result
+    if result is True:
+        return Availability(True, "probe reported available")
+    if result is False:
+        return Availability(False, "probe reported unavailable")
+    _log.warning(
+        "availability probe of %s (%s) returned %r, not a bool; treating it as unavailable",
+        impl.impl_id,
+        impl.provenance,
+        result,
+    )
+    return Availability(False, f"availability probe returned {result!r}, not a bool")

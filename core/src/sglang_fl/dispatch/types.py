@@ -1,0 +1,86 @@
+"""The typed registration objects every backend hands to the registry."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "Availability",
+    "BackendImplKind",
+    "BackendPriority",
+    "OpImpl",
+    "Provenance",
+]
+
+
+class BackendImplKind(str, enum.Enum):
+    """What family an implementation belongs to; the policy orders families by these values."""
+
+    DEFAULT = "flagos"
+    VENDOR = "vendor"
+    REFERENCE = "reference"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BackendPriority(enum.IntEnum):
+    """Default priorities; higher wins among candidates the policy ranks equally."""
+
+    DEFAULT = 150
+    VENDOR = 100
+    REFERENCE = 50
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a registration came from: the plugin (entry-point name) and its distribution."""
+
+    plugin: str
+    distribution: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.distribution} {self.version})"
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Outcome of an availability probe, with the reason a user sees in ``sglang-fl explain``."""
+
+    available: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One implementation of one operator, as a backend registers it.
+
+    ``fn`` takes the op's standard arguments (see :mod:`sglang_fl.ops`). If ``fn`` carries an
+    ``_is_available`` attribute (the seed layout), or ``available`` is given, that no-argument
+    callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
+    process. ``provenance`` is filled in by the loader; a backend never sets it.
+    """
+
+    op_name: str
+    impl_id: str
+    kind: BackendImplKind
+    fn: Callable[..., Any]
+    vendor: str | None = None
+    priority: int = BackendPriority.DEFAULT
+    available: Callable[[], object] | None = field(default=None, compare=False)
+    provenance: Provenance | None = field(default=None, compare=False)
+
+    @property
+    def availability_probe(self) -> Callable[[], object] | None:
+        probe = self.available or getattr(self.fn, "_is_available", None)
+        return probe if callable(probe) else None
+
+    def with_provenance(self, provenance: Provenance) -> OpImpl:
+        return replace(self, provenance=provenance)

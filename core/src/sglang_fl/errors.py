@@ -1,0 +1,35 @@
+"""Every error sglang-fl raises on purpose derives from :class:`SglangFlError`."""
+
+from __future__ import annotations
+
+
+class SglangFlError(Exception):
+    """Base class of sglang-fl's own errors."""
+
+
+class ConfigError(SglangFlError, ValueError):
+    """A configuration value or key could not be parsed; the message says what is allowed."""
+
+
+class RegistrationError(SglangFlError):
+    """An :class:`~sglang_fl.dispatch.types.OpImpl` was refused by the registry."""
+
+
+class PluginLoadError(SglangFlError):
+    """A vendor plugin failed to load (raised only with ``SGLANG_FL_STRICT=1``)."""
+
+
+class NoImplementationError(SglangFlError, LookupError):
+    """No candidate implementation of an op survived selection."""
+
+
+class StrictModeError(SglangFlError):
+    """``SGLANG_FL_STRICT=1`` turned a fallback into an error."""
+
+
+class Unsupported(Exception):
+    """Raised by an implementation, before it writes anything, to decline one call.
+
+    The dispatcher then hands that same call to the next candidate in the decision order.
+    Any other exception propagates unchanged: a call that failed is never re-run elsewhere.
+    """

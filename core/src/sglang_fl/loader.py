@@ -1,0 +1,221 @@
+"""Discovers vendor plugins through the ``sglang_fl.backends`` entry points and loads them.
+
+One scan per process. Allow/deny lists are applied to entry-point *names* before anything
+is imported. A plugin that fails (import, validation, hook raising, refused registration)
+is recorded with its error and leaves nothing registered; the others load regardless. With
+``SGLANG_FL_STRICT=1`` the first failure raises :class:`~sglang_fl.errors.PluginLoadError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import __version__, hookspecs
+from . import reference as reference_backend
+from .config import Settings
+from .dispatch.registry import OpRegistry
+from .dispatch.types import Provenance
+from .errors import PluginLoadError
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginRecord", "load_plugins", "new_plugin_manager"]
+
+ENTRY_POINT_GROUP = "sglang_fl.backends"
+CORE_DISTRIBUTION = "sglang-fl"
+
+LOADED = "loaded"
+FAILED = "failed"
+DISABLED = "disabled"
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class PluginRecord:
+    """What ``sglang-fl plugins`` reports about one plugin."""
+
+    name: str
+    module: str
+    distribution: str | None
+    version: str | None
+    status: str
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+    builtin: bool = False
+    details: str | None = field(default=None, repr=False)  # traceback, for --verbose
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "module": self.module,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": self.status,
+            "hooks": list(self.hooks),
+            "error": self.error,
+            "builtin": self.builtin,
+        }
+
+
+class _SeedAdapter:
+    """Presents a seed-layout module (``register_builtins(registry)``) as a hook plugin."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    @hookspecs.hookimpl
+    def sglang_fl_register_ops(self, registry: OpRegistry) -> None:
+        self.module.register_builtins(registry)
+
+    def __repr__(self) -> str:
+        return f"<seed plugin {self.module.__name__}>"
+
+
+def new_plugin_manager(settings: Settings) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    if settings.trace:
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    return pm
+
+
+def load_plugins(
+    settings: Settings, registry: OpRegistry, pm: pluggy.PluginManager
+) -> list[PluginRecord]:
+    """Register the reference backend, then every selected entry point; return their records."""
+    records = [_load_reference(registry, pm)]
+    seen: dict[str, PluginRecord] = {}
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        record = _load_entry_point(ep, settings, registry, pm, seen)
+        seen.setdefault(ep.name, record)
+        records.append(record)
+        if record.status == FAILED:
+            _log.warning(
+                "sglang-fl plugin %r from %s failed to load: %s",
+                record.name,
+                record.distribution,
+                record.error,
+            )
+            if settings.strict:
+                raise PluginLoadError(
+                    f"SGLANG_FL_STRICT=1: plugin {record.name!r} ({record.distribution} "
+                    f"{record.version}) failed to load: {record.error}"
+                )
+    return records
+
+
+def _load_reference(registry: OpRegistry, pm: pluggy.PluginManager) -> PluginRecord:
+    name = reference_backend.PLUGIN_NAME
+    pm.register(reference_backend, name=name)
+    provenance = Provenance(name, CORE_DISTRIBUTION, __version__)
+    _call_register_ops(pm, reference_backend, registry, provenance)
+    return PluginRecord(
+        name=name,
+        module=reference_backend.__name__,
+        distribution=CORE_DISTRIBUTION,
+        version=__version__,
+        status=LOADED,
+        hooks=_hook_names(pm, reference_backend),
+        builtin=True,
+    )
+
+
+def _load_entry_point(
+    ep: EntryPoint,
+    settings: Settings,
+    registry: OpRegistry,
+    pm: pluggy.PluginManager,
+    seen: dict[str, PluginRecord],
+) -> PluginRecord:
+    dist = getattr(ep, "dist", None)
+    record = PluginRecord(
+        name=ep.name,
+        module=ep.value,
+        distribution=dist.metadata["Name"] if dist is not None else None,
+        version=dist.version if dist is not None else None,
+        status=DISABLED,
+    )
+    if ep.name == reference_backend.PLUGIN_NAME or ep.name in seen:
+        owner = CORE_DISTRIBUTION if ep.name not in seen else seen[ep.name].distribution
+        return _failed(record, f"plugin name {ep.name!r} is already taken by {owner}")
+    if settings.plugins is not None and ep.name not in settings.plugins:
+        record.error = f"not in SGLANG_FL_PLUGINS ({settings.sources['plugins']})"
+        return record
+    if ep.name in settings.disable_plugins:
+        record.error = (
+            f"listed in SGLANG_FL_DISABLE_PLUGINS ({settings.sources['disable_plugins']})"
+        )
+        return record
+
+    try:
+        loaded = ep.load()
+    except Exception as exc:
+        return _failed(
+            record,
+            f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+        )
+    plugin: object = loaded
+    if not _has_hookimpls(pm, loaded):
+        if callable(getattr(loaded, "register_builtins", None)):
+            plugin = _SeedAdapter(loaded)
+        else:
+            return _failed(
+                record,
+                f"{ep.value!r} defines no @sglang_fl.hookimpl functions and no "
+                "register_builtins(registry)",
+            )
+    try:
+        pm.register(plugin, name=ep.name)
+    except pluggy.PluginValidationError as exc:
+        return _failed(record, f"invalid hook implementation: {exc}")
+    unknown = [h.name for h in pm.get_hookcallers(plugin) or () if not h.has_spec()]
+    if unknown:
+        pm.unregister(plugin)
+        known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("sglang_fl_")))
+        return _failed(record, f"unknown hook(s) {', '.join(unknown)}; known hooks: {known}")
+
+    provenance = Provenance(ep.name, record.distribution or "<unknown>", record.version or "")
+    try:
+        _call_register_ops(pm, plugin, registry, provenance)
+    except Exception as exc:
+        pm.unregister(plugin)
+        return _failed(
+            record,
+            f"sglang_fl_register_ops raised {type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+        )
+    record.status = LOADED
+    record.hooks = _hook_names(pm, plugin)
+    return record
+
+
+def _failed(record: PluginRecord, error: str, details: str | None = None) -> PluginRecord:
+    record.status, record.error, record.details = FAILED, error, details
+    return record
+
+
+def _has_hookimpls(pm: pluggy.PluginManager, module: object) -> bool:
+    return any(pm.parse_hookimpl_opts(module, name) is not None for name in dir(module))
+
+
+def _hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
+    return tuple(sorted(h.name for h in pm.get_hookcallers(plugin) or ()))
+
+
+def _call_register_ops(
+    pm: pluggy.PluginManager, plugin: object, registry: OpRegistry, provenance: Provenance
+) -> None:
+    """Call one plugin's ``sglang_fl_register_ops`` through pluggy (so tracing shows it)."""
+    others = [p for p in pm.get_plugins() if p is not plugin]
+    caller = pm.subset_hook_caller("sglang_fl_register_ops", remove_plugins=others)
+    with registry.plugin_scope(provenance):
+        caller(registry=registry)

@@ -1,0 +1,43 @@
+"""The standard operators: one :class:`OpContract` each, read by registry, kit and docs."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .contract import OpCase, OpContract, OpInputs, Tolerance
+from .rms_norm import CONTRACT as RMS_NORM
+from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
+from .silu_and_mul import CONTRACT as SILU_AND_MUL
+
+__all__ = [
+    "STANDARD_OPS",
+    "OpCase",
+    "OpContract",
+    "OpInputs",
+    "Tolerance",
+    "get_contract",
+    "unknown_op_message",
+]
+
+STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
+    {c.name: c for c in (SILU_AND_MUL, RMS_NORM, ROTARY_EMBEDDING)}
+)
+
+
+def unknown_op_message(name: str) -> str:
+    """``unknown op 'rms_nrom' (did you mean 'rms_norm'?); known ops: ...``."""
+    message = f"unknown op {name!r}"
+    close = difflib.get_close_matches(name, STANDARD_OPS, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return message + f"; known ops: {', '.join(STANDARD_OPS)}"
+
+
+def get_contract(name: str) -> OpContract:
+    """The contract of a standard op; an unknown name is a ``KeyError`` with the close match."""
+    try:
+        return STANDARD_OPS[name]
+    except KeyError:
+        raise KeyError(unknown_op_message(name)) from None

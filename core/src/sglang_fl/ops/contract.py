@@ -1,0 +1,151 @@
+"""The one description of an operator that the registry, the conformance kit and the docs read."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+__all__ = ["OpCase", "OpContract", "OpInputs", "Tolerance"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed deviation from the reference: ``|got - want| <= atol + rtol * |want|``."""
+
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One point of an op's test space (shapes and flags), named for failure messages."""
+
+    name: str
+    params: Mapping[str, Any]
+
+
+@dataclass
+class OpInputs:
+    """Materialised inputs of one case: the layer stand-in and the call's arguments."""
+
+    obj: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # Argument names whose tensors the contract says must not change.
+    preserved: tuple[str, ...] = ()
+    # Output index -> argument name whose storage the contract says holds that output.
+    written_in_place: Mapping[int, str] = field(default_factory=dict)
+
+    def argument(self, name: str, signature: inspect.Signature) -> Any:
+        """The value passed for parameter ``name`` (positional or keyword)."""
+        bound = signature.bind(self.obj, *self.args, **self.kwargs)
+        bound.apply_defaults()
+        return bound.arguments[name]
+
+
+def layer(**attributes: Any) -> SimpleNamespace:
+    """A stand-in for an SGLang layer: only the attributes the op contract reads."""
+    return SimpleNamespace(**attributes)
+
+
+@dataclass(frozen=True)
+class OpContract:
+    """Everything sglang-fl knows about one standard operator.
+
+    ``signature`` is what every implementation must accept positionally (the bridges call it
+    that way); ``reference`` is the pure-PyTorch implementation whose numerics every backend is
+    checked against; ``cases`` and ``make_inputs`` span the shapes and flags an implementation
+    must handle, for every dtype in ``dtypes``, within ``tolerances``.
+    """
+
+    name: str
+    sglang_layer: str
+    summary: str
+    signature: inspect.Signature
+    reference: Callable[..., Any]
+    dtypes: tuple[torch.dtype, ...]
+    tolerances: Mapping[torch.dtype, Tolerance]
+    cases: tuple[OpCase, ...]
+    make_inputs: Callable[[OpCase, torch.dtype, torch.device, torch.Generator], OpInputs]
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return tuple(self.signature.parameters)
+
+    @property
+    def required_parameters(self) -> tuple[str, ...]:
+        return tuple(
+            name
+            for name, param in self.signature.parameters.items()
+            if param.default is inspect.Parameter.empty
+        )
+
+    def signature_text(self) -> str:
+        return f"{self.name}{self.signature}"
+
+    def signature_problem(self, fn: Callable[..., Any]) -> str | None:
+        """Why ``fn`` cannot take this op's standard arguments, or ``None`` if it can.
+
+        Every parameter of the contract is passed positionally by the bridges; the conformance
+        kit also passes the optional ones by keyword, so names must match too.
+        """
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            return f"its signature cannot be inspected ({exc})"
+        placeholders = [object()] * len(self.parameter_names)
+        try:
+            signature.bind(*placeholders)
+        except TypeError as exc:
+            return f"it cannot be called with {len(placeholders)} positional arguments ({exc})"
+        optional = {
+            name: object() for name in self.parameter_names if name not in self.required_parameters
+        }
+        try:
+            signature.bind(*placeholders[: len(self.required_parameters)], **optional)
+        except TypeError as exc:
+            return f"its optional parameters are not named as in the contract ({exc})"
+        return None
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        try:
+            return self.tolerances[dtype]
+        except KeyError:
+            allowed = ", ".join(str(d) for d in self.tolerances)
+            raise ValueError(
+                f"op {self.name!r} has no tolerance for dtype {dtype}; contract dtypes: {allowed}"
+            ) from None
+
+
+def signature_of(stub: Callable[..., Any]) -> inspect.Signature:
+    """The contract signature, read from a stub whose parameters document the op."""
+    return inspect.signature(stub)
+
+
+STANDARD_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1.6e-2, rtol=1.6e-2),
+}
+STANDARD_DTYPES: tuple[torch.dtype, ...] = tuple(STANDARD_TOLERANCES)
+
+
+def random_tensor(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator,
+    *,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """A seeded normal tensor; ``contiguous=False`` gives a strided view of a wider buffer."""
+    if contiguous:
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+    wide = (*shape[:-1], shape[-1] * 2)
+    buffer = torch.randn(wide, generator=generator, dtype=torch.float32).to(device, dtype)
+    return buffer[..., ::2]

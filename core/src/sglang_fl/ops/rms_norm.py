@@ -1,0 +1,93 @@
+"""``rms_norm``: SGLang's ``RMSNorm`` with optional fused residual add."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from .contract import (
+    STANDARD_DTYPES,
+    STANDARD_TOLERANCES,
+    OpCase,
+    OpContract,
+    OpInputs,
+    layer,
+    random_tensor,
+    signature_of,
+)
+
+
+def _signature(
+    obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Normalise ``x`` ``[num_tokens, hidden]`` with ``obj.weight`` and ``obj.variance_epsilon``.
+
+    Without ``residual``: returns the normalised tensor. With ``residual``: computes
+    ``s = x + residual`` and returns ``(rms_norm(s), s)``; an implementation may write these
+    two results into ``x`` and ``residual`` (as fused kernels do), so callers use the returned
+    tensors. Statistics are accumulated in float32; results are in ``x``'s dtype.
+    """
+    raise NotImplementedError
+
+
+def reference(
+    obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same math as ``RMSNorm.forward_native`` for a layer with default options."""
+    orig_dtype = x.dtype
+    hidden = x.to(torch.float32)
+    if residual is not None:
+        hidden = hidden + residual.to(torch.float32)
+        residual = hidden.to(orig_dtype)
+    variance = hidden.pow(2).mean(dim=-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + obj.variance_epsilon)
+    out = (hidden * obj.weight).to(orig_dtype)
+    return out if residual is None else (out, residual)
+
+
+def _cases() -> tuple[OpCase, ...]:
+    cases = []
+    for tokens, hidden, with_residual, contiguous in itertools.product(
+        (1, 7, 33), (16, 128, 1024), (False, True), (True, False)
+    ):
+        name = f"tokens={tokens},hidden={hidden}"
+        name += ",residual" if with_residual else ""
+        name += "" if contiguous else ",strided"
+        params = {
+            "tokens": tokens,
+            "hidden": hidden,
+            "residual": with_residual,
+            "contiguous": contiguous,
+        }
+        cases.append(OpCase(name, params))
+    return tuple(cases)
+
+
+def _make_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    p = case.params
+    shape = (p["tokens"], p["hidden"])
+    x = random_tensor(shape, dtype, device, generator, contiguous=p["contiguous"])
+    weight = (1.0 + 0.1 * random_tensor((p["hidden"],), torch.float32, device, generator)).to(dtype)
+    obj = layer(weight=weight, variance_epsilon=1e-6, hidden_size=p["hidden"])
+    if not p["residual"]:
+        return OpInputs(obj=obj, args=(x,), preserved=("x",))
+    residual = random_tensor(shape, dtype, device, generator)
+    # Fused kernels may write both results in place: nothing is preserved, nothing required.
+    return OpInputs(obj=obj, args=(x, residual))
+
+
+CONTRACT = OpContract(
+    name="rms_norm",
+    sglang_layer="RMSNorm",
+    summary="RMS normalisation with an optional fused residual add (fp32 accumulation)",
+    signature=signature_of(_signature),
+    reference=reference,
+    dtypes=STANDARD_DTYPES,
+    tolerances=STANDARD_TOLERANCES,
+    cases=_cases(),
+    make_inputs=_make_inputs,
+)

@@ -1,0 +1,62 @@
+"""``silu_and_mul``: SGLang's ``SiluAndMul``, ``silu(x[..., :d]) * x[..., d:]``."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (
+    STANDARD_DTYPES,
+    STANDARD_TOLERANCES,
+    OpCase,
+    OpContract,
+    OpInputs,
+    layer,
+    random_tensor,
+    signature_of,
+)
+
+
+def _signature(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    """``x`` is ``[num_tokens, 2*d]``; returns a new ``[num_tokens, d]`` tensor, ``x`` untouched."""
+    raise NotImplementedError
+
+
+def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    """Same math as ``SiluAndMul.forward_native``, in the input dtype."""
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def _cases() -> tuple[OpCase, ...]:
+    cases = []
+    for tokens, d, contiguous in itertools.product((1, 7, 33), (16, 128, 352), (True, False)):
+        name = f"tokens={tokens},d={d}" + ("" if contiguous else ",strided")
+        cases.append(OpCase(name, {"tokens": tokens, "d": d, "contiguous": contiguous}))
+    return tuple(cases)
+
+
+def _make_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    p = case.params
+    x = random_tensor(
+        (p["tokens"], 2 * p["d"]), dtype, device, generator, contiguous=p["contiguous"]
+    )
+    return OpInputs(obj=layer(), args=(x,), preserved=("x",))
+
+
+CONTRACT = OpContract(
+    name="silu_and_mul",
+    sglang_layer="SiluAndMul",
+    summary="SwiGLU gate: silu of the first half of the last dim times the second half",
+    signature=signature_of(_signature),
+    reference=reference,
+    dtypes=STANDARD_DTYPES,
+    tolerances=STANDARD_TOLERANCES,
+    cases=_cases(),
+    make_inputs=_make_inputs,
+)

@@ -1,0 +1,119 @@
+"""The process-wide runtime: settings, plugins and registry loaded once, resolutions cached.
+
+Thread-safe (one lock; concurrent first calls get one runtime and one answer per op) and
+fork-safe (a forked child inherits the loaded runtime, gets fresh locks, never registers
+twice). SGLang's spawned workers are new interpreters and load their own, once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+
+import pluggy
+
+from .config import Settings
+from .dispatch.availability import AvailabilityCache
+from .dispatch.policy import SelectionPolicy
+from .dispatch.registry import OpRegistry
+from .dispatch.resolve import Resolution, resolve
+from .errors import NoImplementationError
+from .loader import PluginRecord, load_plugins, new_plugin_manager
+from .ops import STANDARD_OPS, unknown_op_message
+
+__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+
+
+class Runtime:
+    """Loaded plugins, their registrations, and the per-op resolutions of this process."""
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.policy = SelectionPolicy(config)
+        self.registry = OpRegistry()
+        self.plugin_manager: pluggy.PluginManager = new_plugin_manager(config)
+        self.plugins: tuple[PluginRecord, ...] = tuple(
+            load_plugins(config, self.registry, self.plugin_manager)
+        )
+        self._availability = AvailabilityCache()
+        self._resolutions: dict[str, Resolution] = {}
+        self._lock = threading.RLock()
+
+    def resolve(self, op_name: str) -> Resolution:
+        """The cached resolution of ``op_name``: bind ``.fn`` once, read ``.decision``."""
+        cached = self._resolutions.get(op_name)
+        if cached is not None:
+            return cached
+        if op_name not in STANDARD_OPS:
+            raise KeyError(unknown_op_message(op_name))
+        with self._lock:
+            cached = self._resolutions.get(op_name)
+            if cached is None:
+                cached = resolve(op_name, self.registry, self.policy, self._availability)
+                self._resolutions[op_name] = cached
+            return cached
+
+    def resolve_all(self) -> Mapping[str, Resolution | NoImplementationError]:
+        """Every standard op's resolution, or the error explaining why it has none."""
+        results: dict[str, Resolution | NoImplementationError] = {}
+        for op_name in STANDARD_OPS:
+            try:
+                results[op_name] = self.resolve(op_name)
+            except NoImplementationError as exc:
+                results[op_name] = exc
+        return results
+
+    def platform(self) -> str | None:
+        """First non-``None`` ``sglang_fl_platform()`` result of the loaded plugins."""
+        result: str | None = self.plugin_manager.hook.sglang_fl_platform()
+        return result
+
+    def plugin(self, name: str) -> PluginRecord:
+        for record in self.plugins:
+            if record.name == name:
+                return record
+        raise KeyError(
+            f"no plugin named {name!r}; known: {', '.join(p.name for p in self.plugins)}"
+        )
+
+    def _reset_locks_after_fork(self) -> None:
+        self._lock = threading.RLock()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The process-wide :class:`Runtime`, loading settings and plugins on first use."""
+    runtime = _runtime
+    if runtime is not None:
+        return runtime
+    return _load_runtime()
+
+
+def _load_runtime() -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = Runtime(Settings.from_environment())
+        return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget the runtime so the next :func:`get_runtime` reloads (tests and the CLI only)."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = None
+
+
+def _after_fork_in_child() -> None:
+    global _runtime_lock
+    _runtime_lock = threading.Lock()
+    if _runtime is not None:
+        _runtime._reset_locks_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,119 @@
+"""Every build, test and benchmark session of the sglang-fl monorepo.
+
+``nox`` alone runs the whole test suite (the README's test command); ``nox -s demo`` is the main
+job and ``nox -s bench`` the benchmarks. Each distribution is tested in its own fresh virtual
+environment, from built wheels, never from the source tree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CORE = ROOT / "core"
+VENDORS = ROOT / "vendors"
+VENDOR_NAMES = sorted(p.name for p in VENDORS.iterdir() if (p / "pyproject.toml").exists())
+DIST_DIR = ROOT / ".nox" / "_dist"
+
+# torch for sessions that do not run SGLang: the CPU build that lies on this machine's disk.
+TORCH_CPU = "torch==2.13.0"
+# What SGLang 0.5.23 pins: torch 2.14.1 with its matching torchvision.
+TORCH_SGLANG = ("torch==2.14.1", "torchvision==0.29.1")
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross"]
+
+
+def distribution_dirs() -> dict[str, Path]:
+    """Import-package-free names of every distribution: ``core`` and each vendor directory."""
+    return {"core": CORE, **{name: VENDORS / name for name in VENDOR_NAMES}}
+
+
+def build(session: nox.Session, *names: str, sdist: bool = False) -> dict[str, Path]:
+    """Build wheels (and sdists) of the named distributions; return name -> wheel path."""
+    session.install("build", "setuptools>=77")
+    out = DIST_DIR / session.name.replace("(", "_").replace(")", "").replace("=", "_")
+    shutil.rmtree(out, ignore_errors=True)
+    wheels: dict[str, Path] = {}
+    for name in names:
+        source = distribution_dirs()[name]
+        target = out / name
+        kinds = ["--wheel", "--sdist"] if sdist else ["--wheel"]
+        session.run(
+            "python",
+            "-m",
+            "build",
+            "--no-isolation",
+            *kinds,
+            "--outdir",
+            str(target),
+            str(source),
+            silent=True,
+        )
+        (wheel,) = target.glob("*.whl")
+        wheels[name] = wheel
+    return wheels
+
+
+def install_torch_cpu(session: nox.Session) -> None:
+    session.install(TORCH_CPU, "numpy")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree: lint rules and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Core unit tests against the installed core wheel."""
+    install_torch_cpu(session)
+    wheels = build(session, "core")
+    session.install(str(wheels["core"]), "pytest")
+    session.run("pytest", "core/tests", *session.posargs)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Wheel and sdist of every distribution, with their metadata checked."""
+    built = build(session, *distribution_dirs(), sdist=True)
+    session.install("twine", "check-wheel-contents")
+    for wheel in built.values():
+        session.run("twine", "check", "--strict", str(wheel.parent / "*"))
+        session.run("check-wheel-contents", str(wheel))
+
+
+@nox.session
+@nox.parametrize("name", VENDOR_NAMES)
+def vendor(session: nox.Session, name: str) -> None:
+    """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
+    install_torch_cpu(session)
+    built = build(session, "core", name)
+    session.install(str(built["core"]), str(built[name]), "pytest")
+    report = json.loads(
+        session.run("sglang-fl", "plugins", "--json", silent=True, external=False) or "{}"
+    )
+    expected = f"sglang-fl-{name}"
+    mine = [p for p in report["plugins"] if p["distribution"] == expected]
+    if not mine or any(p["status"] != "loaded" for p in mine):
+        session.error(f"{expected} is not reported loaded by `sglang-fl plugins --json`: {report}")
+    session.log(f"{expected}: {[(p['name'], p['status']) for p in mine]}")
+    session.run("pytest", str(VENDORS / name / "tests"), *session.posargs)
+
+
+@nox.session
+def cross(session: nox.Session) -> None:
+    """Cross-distribution tests: throwaway vendor wheels built and installed by the tests."""
+    install_torch_cpu(session)
+    built = build(session, "core")
+    session.install(str(built["core"]), "pytest", "build", "setuptools>=77")
+    session.run("pytest", "tests/cross", *session.posargs)

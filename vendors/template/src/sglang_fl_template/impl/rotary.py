@@ -1,0 +1,24 @@
+"""``rotary_embedding`` on the chip: neox or interleaved, in place or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang_fl import Unsupported
+
+
+def rotary_embedding(
+    obj: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor,
+    rotary_interleaved: bool = False,
+    inplace: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # Replace with the chip kernel: query/key [num_tokens, heads, rotary_dim] (maybe strided
+    # views), cos/sin [max_positions, rotary_dim // 2] indexed by position_ids.
+    raise Unsupported("template: rotary_embedding is not implemented")

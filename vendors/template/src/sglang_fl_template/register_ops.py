@@ -1,0 +1,32 @@
+"""Hook implementations: the module the ``sglang_fl.backends`` entry point names."""
+
+from __future__ import annotations
+
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.registry import OpRegistry
+
+from .backend import TemplateBackend
+from .impl.activation import silu_and_mul
+from .impl.normalization import rms_norm
+from .impl.rotary import rotary_embedding
+
+
+@hookimpl
+def sglang_fl_register_ops(registry: OpRegistry) -> None:
+    """Register this chip's kernels for the standard ops (availability is probed later)."""
+    backend = TemplateBackend()
+    registry.register_many(
+        backend.implementations(
+            {
+                "silu_and_mul": silu_and_mul,
+                "rms_norm": rms_norm,
+                "rotary_embedding": rotary_embedding,
+            }
+        )
+    )
+
+
+@hookimpl
+def sglang_fl_platform() -> str | None:
+    """A chip SGLang has no in-tree platform for returns its platform class path here."""
+    return None
