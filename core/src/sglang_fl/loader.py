@@ -88,9 +88,17 @@ def new_plugin_manager(settings: Settings) -> pluggy.PluginManager:
 
 
 def load_plugins(
-    settings: Settings, registry: OpRegistry, pm: pluggy.PluginManager
+    settings: Settings,
+    registry: OpRegistry,
+    pm: pluggy.PluginManager,
+    *,
+    tolerate_failures: bool = False,
 ) -> list[PluginRecord]:
-    """Register the reference backend, then every selected entry point; return their records."""
+    """Register the reference backend, then every selected entry point; return their records.
+
+    Under ``settings.strict`` a failed plugin raises, unless ``tolerate_failures`` (the CLI,
+    which must report every plugin, sets it and reports the failure instead).
+    """
     records = [_load_reference(registry, pm)]
     seen: dict[str, PluginRecord] = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -104,7 +112,7 @@ def load_plugins(
                 record.distribution,
                 record.error,
             )
-            if settings.strict:
+            if settings.strict and not tolerate_failures:
                 raise PluginLoadError(
                     f"SGLANG_FL_STRICT=1: plugin {record.name!r} ({record.distribution} "
                     f"{record.version}) failed to load: {record.error}"

@@ -28,13 +28,14 @@ __all__ = ["Runtime", "get_runtime", "reset_runtime"]
 class Runtime:
     """Loaded plugins, their registrations, and the per-op resolutions of this process."""
 
-    def __init__(self, config: Settings) -> None:
+    def __init__(self, config: Settings, *, inspecting: bool = False) -> None:
+        """``inspecting=True`` (the CLI) records plugin failures even under STRICT."""
         self.config = config
         self.policy = SelectionPolicy(config)
         self.registry = OpRegistry()
         self.plugin_manager: pluggy.PluginManager = new_plugin_manager(config)
         self.plugins: tuple[PluginRecord, ...] = tuple(
-            load_plugins(config, self.registry, self.plugin_manager)
+            load_plugins(config, self.registry, self.plugin_manager, tolerate_failures=inspecting)
         )
         self._availability = AvailabilityCache()
         self._resolutions: dict[str, Resolution] = {}

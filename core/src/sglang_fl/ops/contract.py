@@ -86,7 +86,15 @@ class OpContract:
         )
 
     def signature_text(self) -> str:
-        return f"{self.name}{self.signature}"
+        """``rms_norm(obj, x, residual=None)``: the contract without annotations."""
+        plain = self.signature.replace(
+            parameters=[
+                p.replace(annotation=inspect.Parameter.empty)
+                for p in self.signature.parameters.values()
+            ],
+            return_annotation=inspect.Signature.empty,
+        )
+        return f"{self.name}{plain}"
 
     def signature_problem(self, fn: Callable[..., Any]) -> str | None:
         """Why ``fn`` cannot take this op's standard arguments, or ``None`` if it can.

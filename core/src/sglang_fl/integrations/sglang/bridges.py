@@ -1,0 +1,175 @@
+"""Bridges: SGLang layer call arguments -> the standard op signatures, bound once per layer.
+
+A bridge is built once per layer instance, when SGLang resolves that instance's forward. It
+closes over the chosen implementation (``fn``), the layer, and SGLang's own forward for the
+few argument combinations the standard ops do not cover. Per call it only translates
+arguments: no policy read, no registry lookup, no pluggy call.
+
+Whether a class or an instance may be bridged at all is decided here too, once: a bridge must
+compute exactly what the layer's ``forward_native`` computes, or the layer stays with SGLang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["BRIDGES", "Bridge", "Handoff"]
+
+# handoff(reason) hands one call to SGLang's own forward; it logs once per layer class/reason.
+Handoff = Callable[[str], None]
+Forward = Callable[..., Any]
+
+
+class Bridge:
+    """How one standard op is bridged to its SGLang layer class."""
+
+    op_name: str
+
+    def refuse_class(self, cls: type, layer_base: type) -> str | None:
+        """Why ``cls`` (a subclass of ``layer_base``) must stay with SGLang, or ``None``.
+
+        A subclass that overrides ``forward_native`` computes something the standard op does
+        not (e.g. a Gemma-style norm applying ``1 + weight``), so it is never bridged.
+        """
+        if cls is layer_base:
+            return None
+        for klass in cls.__mro__:
+            if klass is layer_base:
+                return None
+            if "forward_native" in klass.__dict__:
+                return (
+                    f"{klass.__qualname__} overrides forward_native, so its math is not "
+                    f"{self.op_name}'s; left to SGLang"
+                )
+        return None  # pragma: no cover - cls is a subclass of layer_base
+
+    def refuse_instance(self, layer: Any) -> str | None:
+        """Why this instance's options fall outside the standard op, or ``None``."""
+        return None
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        """The forward to cache on ``layer``: SGLang's ``forward_*`` signature, calling ``fn``."""
+        raise NotImplementedError
+
+
+class SiluAndMulBridge(Bridge):
+    op_name = "silu_and_mul"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() == 2:
+                return fn(layer, x)
+            lead = x.shape[:-1]
+            return fn(layer, x.reshape(-1, x.shape[-1])).reshape(*lead, x.shape[-1] // 2)
+
+        return silu_and_mul
+
+
+class RMSNormBridge(Bridge):
+    op_name = "rms_norm"
+
+    def refuse_instance(self, layer: Any) -> str | None:
+        # Options of SGLang's RMSNorm that change its math beyond the standard op.
+        options = {
+            "variance_size_override": getattr(layer, "variance_size_override", None) is not None,
+            "cast_x_before_out_mul": bool(getattr(layer, "cast_x_before_out_mul", False)),
+            "fp32_residual": bool(getattr(layer, "fp32_residual", False)),
+            "override_orig_dtype": getattr(layer, "override_orig_dtype", None) is not None,
+        }
+        used = [name for name, on in options.items() if on]
+        if used:
+            return f"RMSNorm option(s) {', '.join(used)} are outside rms_norm; left to SGLang"
+        return None
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        hidden = layer.hidden_size
+
+        def rms_norm(
+            x: torch.Tensor,
+            residual: torch.Tensor | None = None,
+            post_residual_addition: torch.Tensor | None = None,
+            quant_linear: Any = None,
+        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            if quant_linear is not None or getattr(layer, "_quant_linear", None) is not None:
+                handoff("quant_linear (fused input quantization) is SGLang's own path")
+                return sglang_forward(x, residual, post_residual_addition, quant_linear)
+            if x.shape[-1] != hidden:
+                raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
+            if residual is not None and post_residual_addition is not None:
+                residual = residual + post_residual_addition
+            if x.dim() == 2:
+                return fn(layer, x) if residual is None else fn(layer, x, residual)
+            shape = x.shape
+            if residual is None:
+                return fn(layer, x.reshape(-1, hidden)).reshape(shape)
+            out, res = fn(layer, x.reshape(-1, hidden), residual.reshape(-1, hidden))
+            return out.reshape(shape), res.reshape(residual.shape)
+
+        return rms_norm
+
+
+class RotaryEmbeddingBridge(Bridge):
+    op_name = "rotary_embedding"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        head_size = layer.head_size
+        rotary_dim = layer.rotary_dim
+        partial = rotary_dim < head_size
+        interleaved = not layer.is_neox_style
+        # query dtype -> (source cos_sin_cache, cos, sin). Rebuilt only when SGLang replaces
+        # the cache (growth, device move) so a call never converts the whole cache.
+        halves: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+        def cos_sin(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+            cache = layer.cos_sin_cache
+            memo = halves.get(dtype)
+            if memo is None or memo[0] is not cache:
+                converted = cache.to(device=device, dtype=dtype)
+                cos, sin = converted.chunk(2, dim=-1)
+                memo = (cache, cos.contiguous(), sin.contiguous())
+                halves[dtype] = memo
+            return memo[1], memo[2]
+
+        def rotary_embedding(
+            positions: torch.Tensor,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            offsets: torch.Tensor | None = None,
+            fused_set_kv_buffer_arg: Any = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if fused_set_kv_buffer_arg is not None:
+                handoff(
+                    "fused_set_kv_buffer_arg (rope fused with the KV-cache write) is "
+                    "SGLang's own path"
+                )
+                return sglang_forward(positions, query, key, offsets, fused_set_kv_buffer_arg)
+            if "sin_cos_cache" in layer.__dict__:
+                handoff("a precomputed sin_cos_cache on the layer is SGLang's own path")
+                return sglang_forward(positions, query, key, offsets, fused_set_kv_buffer_arg)
+            if offsets is not None:
+                positions = positions + offsets
+            positions = positions.reshape(-1)
+            num_tokens = positions.shape[0]
+            q = query.view(num_tokens, -1, head_size)
+            k = key.view(num_tokens, -1, head_size)
+            if partial:
+                q = q[..., :rotary_dim]
+                k = k[..., :rotary_dim]
+            cos, sin = cos_sin(query.dtype, query.device)
+            q_out, k_out = fn(layer, q, k, cos, sin, positions, interleaved, True)
+            if q_out is not q:
+                q.copy_(q_out)
+            if k_out is not k:
+                k.copy_(k_out)
+            return query, key
+
+        return rotary_embedding
+
+
+BRIDGES: dict[str, Bridge] = {
+    bridge.op_name: bridge
+    for bridge in (SiluAndMulBridge(), RMSNormBridge(), RotaryEmbeddingBridge())
+}

@@ -1,0 +1,96 @@
+"""Find the pieces of SGLang the integration hooks into, by feature rather than by version.
+
+SGLang moves fast; a version string says little about which hook points exist. Everything the
+integration needs is looked up here once, and a missing piece is an
+:class:`SglangApiError` that names the SGLang version found and what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import SglangFlError
+
+__all__ = ["RESOLVE_TARGET", "SglangApi", "SglangApiError", "find_sglang_api", "sglang_version"]
+
+# The method every fused op calls once per instance to pick its forward (SGLang >= 0.5.2x).
+RESOLVE_TARGET = "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method"
+
+# Standard op -> (module, class) of the SGLang layer it stands for.
+LAYER_CLASSES: dict[str, tuple[str, str]] = {
+    "silu_and_mul": ("sglang.srt.layers.activation", "SiluAndMul"),
+    "rms_norm": ("sglang.srt.layers.layernorm", "RMSNorm"),
+    "rotary_embedding": ("sglang.srt.layers.rotary_embedding", "RotaryEmbedding"),
+}
+
+
+class SglangApiError(SglangFlError, RuntimeError):
+    """The installed SGLang lacks a hook point the integration needs."""
+
+
+@dataclass(frozen=True)
+class SglangApi:
+    """The SGLang objects the integration uses, found once per process."""
+
+    version: str
+    base_fused_op: type
+    hook_registry: Any
+    hook_type_around: Any
+    layers: dict[str, type]  # standard op name -> SGLang layer class
+
+
+def sglang_version() -> str:
+    """The installed SGLang version, or a description of why there is none."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - stdlib since 3.8
+        return "unknown"
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _missing(what: str, found: str) -> SglangApiError:
+    return SglangApiError(
+        f"sglang-fl cannot route SGLang's layers: {what} (found SGLang {found}). sglang-fl "
+        "supports SGLang versions whose fused ops resolve their forward once per instance "
+        f"through {RESOLVE_TARGET} (SGLang 0.5.23 does). Upgrade SGLang, or uninstall sglang-fl "
+        "or set SGLANG_PLUGINS to the other plugins to run SGLang without it."
+    )
+
+
+def find_sglang_api() -> SglangApi:
+    """Locate the hook points; raises :class:`SglangApiError` when one is missing."""
+    found = sglang_version()
+    try:
+        fused_op = importlib.import_module("sglang.kernels.fused_op")
+        hook_registry_mod = importlib.import_module("sglang.srt.plugins.hook_registry")
+    except ImportError as exc:
+        raise _missing(f"cannot import {exc.name or exc}", found) from exc
+
+    base = getattr(fused_op, "BaseFusedOp", None)
+    if not isinstance(base, type):
+        raise _missing("sglang.kernels.fused_op has no BaseFusedOp", found)
+    if not callable(getattr(base, "_resolve_forward_method", None)):
+        raise _missing("BaseFusedOp has no _resolve_forward_method", found)
+    registry = getattr(hook_registry_mod, "HookRegistry", None)
+    hook_type = getattr(hook_registry_mod, "HookType", None)
+    if registry is None or not hasattr(registry, "register") or hook_type is None:
+        raise _missing("sglang.srt.plugins.hook_registry has no HookRegistry/HookType", found)
+    around = getattr(hook_type, "AROUND", None)
+    if around is None:
+        raise _missing("HookType has no AROUND", found)
+
+    layers: dict[str, type] = {}
+    for op_name, (module_name, class_name) in LAYER_CLASSES.items():
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as exc:
+            raise _missing(f"cannot find {module_name}.{class_name} ({exc})", found) from exc
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
+        layers[op_name] = cls
+    return SglangApi(found, base, registry, around, layers)
