@@ -70,6 +70,10 @@ class OpRegistry:
         with self._lock:
             return self._owners.get(impl_id)
 
+    def __repr__(self) -> str:
+        count = sum(len(impls) for impls in self._impls.values())
+        return f"<OpRegistry: {len(self._impls)} ops, {count} implementations>"
+
     # -- loader-facing API --------------------------------------------------------------------
 
     @contextmanager
