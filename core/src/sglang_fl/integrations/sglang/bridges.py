@@ -11,10 +11,13 @@ compute exactly what the layer's ``forward_native`` computes, or the layer stays
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .compat import LAYER_CLASSES
 
 __all__ = ["BRIDGES", "Bridge", "Handoff"]
 
@@ -68,6 +71,15 @@ class SiluAndMulBridge(Bridge):
         return silu_and_mul
 
 
+def _fuses_input_quant(layer: Any, quant_linear: Any) -> bool:
+    """Whether SGLang would fuse ``quant_linear``'s input quantization into this norm."""
+    module = importlib.import_module(LAYER_CLASSES["rms_norm"][0])
+    probe = getattr(module, "_fp8_static_input_scale", None)
+    if probe is None:  # an SGLang without the probe: assume it may fuse, stay with SGLang
+        return True
+    return probe(quant_linear) is not None
+
+
 class RMSNormBridge(Bridge):
     op_name = "rms_norm"
 
@@ -82,6 +94,14 @@ class RMSNormBridge(Bridge):
         used = [name for name, on in options.items() if on]
         if used:
             return f"RMSNorm option(s) {', '.join(used)} are outside rms_norm; left to SGLang"
+        # Models attach the consuming projection to every norm (fuse_input_quant); SGLang only
+        # fuses the quantization when that projection is a static per-tensor FP8 linear.
+        quant_linear = getattr(layer, "_quant_linear", None)
+        if quant_linear is not None and _fuses_input_quant(layer, quant_linear):
+            return (
+                "quant_linear: RMSNorm fused with the FP8 input quantization of "
+                f"{type(quant_linear).__name__} is SGLang's own path; left to SGLang"
+            )
         return None
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
@@ -93,8 +113,11 @@ class RMSNormBridge(Bridge):
             post_residual_addition: torch.Tensor | None = None,
             quant_linear: Any = None,
         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-            if quant_linear is not None or getattr(layer, "_quant_linear", None) is not None:
-                handoff("quant_linear (fused input quantization) is SGLang's own path")
+            if quant_linear is not None:
+                handoff(
+                    "a quant_linear argument (norm fused with input quantization) is "
+                    "SGLang's own path"
+                )
                 return sglang_forward(x, residual, post_residual_addition, quant_linear)
             if x.shape[-1] != hidden:
                 raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")

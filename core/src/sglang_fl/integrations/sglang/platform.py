@@ -1,0 +1,115 @@
+"""The ``sglang.srt.platforms`` entry point and sglang-fl's built-in CPU platform.
+
+SGLang asks every platform entry point which platform to activate. sglang-fl answers with the
+platform a loaded vendor plugin declares (``sglang_fl_platform()``); else, on a machine with
+no accelerator SGLang supports in-tree, with :class:`SglangFlCpuPlatform`, so SGLang serves on
+a plain CPU through sglang-fl's implementations; else ``None`` (SGLang's in-tree platform).
+``SGLANG_USE_CPU_ENGINE=1`` asks for SGLang's own CPU engine, so sglang-fl then offers nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ...runtime import get_runtime
+
+__all__ = ["CPU_PLATFORM", "DISPATCH_KEY", "activate", "in_tree_accelerator"]
+
+_log = logging.getLogger("sglang_fl.integrations.sglang")
+
+CPU_PLATFORM = "sglang_fl.integrations.sglang.platform:SglangFlCpuPlatform"
+# Fused ops look for ``forward_<key>``; none defines this one, so any op sglang-fl does not
+# route runs SGLang's portable ``forward_native`` (never the sgl_kernel CPU path).
+DISPATCH_KEY = "sglang_fl_cpu"
+
+
+def in_tree_accelerator() -> str | None:
+    """The accelerator SGLang would pick in-tree here, or ``None`` on a plain CPU machine.
+
+    Uses SGLang's own probes where they exist (so the answer matches SGLang's fallback
+    order), else torch's.
+    """
+    try:
+        from sglang.srt import platforms as sglang_platforms
+    except ImportError:  # pragma: no cover - only reachable without SGLang
+        sglang_platforms = None
+    probes = (
+        ("cuda", "_is_cuda_available", torch.cuda.is_available),
+        ("rocm", "_is_rocm_available", lambda: False),
+        (
+            "npu",
+            "_is_npu_available",
+            lambda: hasattr(torch, "npu") and bool(torch.npu.is_available()),
+        ),
+        (
+            "xpu",
+            "_is_xpu_available",
+            lambda: hasattr(torch, "xpu") and bool(torch.xpu.is_available()),
+        ),
+        ("musa", "_is_musa_available", lambda: getattr(torch.version, "musa", None) is not None),
+        (
+            "mps",
+            "_is_mps_available",
+            lambda: (
+                getattr(torch.backends, "mps", None) is not None
+                and torch.backends.mps.is_available()
+            ),
+        ),
+    )
+    for name, sglang_probe, torch_probe in probes:
+        probe = getattr(sglang_platforms, sglang_probe, None) or torch_probe
+        try:
+            if probe():
+                return name
+        except Exception as exc:  # a broken probe means "not this accelerator"
+            _log.debug("platform probe %s failed: %s", name, exc)
+    return None
+
+
+def activate() -> str | None:
+    """``sglang.srt.platforms`` entry point: a platform class path, or ``None``."""
+    declared = get_runtime().platform()
+    if declared:
+        _log.info("sglang-fl: a vendor plugin declares the SGLang platform %s", declared)
+        return declared
+    if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
+        return None
+    accelerator = in_tree_accelerator()
+    if accelerator is not None:
+        return None
+    _log.info("sglang-fl: no accelerator SGLang supports in-tree; offering %s", CPU_PLATFORM)
+    return CPU_PLATFORM
+
+
+def _platform_base() -> type:
+    from sglang.srt.platforms.cpu import CpuSRTPlatform
+
+    return CpuSRTPlatform
+
+
+def _oot_enum():  # -> PlatformEnum
+    from sglang.srt.platforms.device_mixin import PlatformEnum
+
+    return PlatformEnum.OOT
+
+
+class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
+    """SGLang's CPU platform, out of tree: portable torch paths, sglang-fl's kernels.
+
+    SGLang's in-tree CPU engine needs a CPU build of ``sgl_kernel``; as an out-of-tree
+    platform with its own dispatch key, every fused op SGLang resolves runs either the
+    implementation sglang-fl routes it to or ``forward_native``.
+    """
+
+    _enum = _oot_enum()
+    device_name = "cpu"
+    device_type = "cpu"
+
+    def get_dispatch_key_name(self) -> str:
+        return DISPATCH_KEY
+
+    def get_default_attention_backend(self) -> str:
+        return "torch_native"

@@ -1,0 +1,213 @@
+"""The ``sglang.srt.plugins`` entry point: route SGLang's standard layers through sglang-fl.
+
+SGLang calls :func:`register` once in every process it starts (main, scheduler workers,
+detokenizer). It loads sglang-fl's plugins (the process-wide runtime), then registers one
+``AROUND`` hook with SGLang's ``HookRegistry`` on ``BaseFusedOp._resolve_forward_method``: the
+method each fused-op instance calls once, lazily, to pick the forward it caches. The hook lets
+SGLang resolve as usual, then, for a layer of a standard op, returns a bridge bound to the
+implementation sglang-fl chose. Works the same on in-tree platforms (CUDA, NPU, ...) and on
+out-of-tree ones, and leaves SGLang's per-call switches alone: an explicit ``backend=`` and
+``SGLANG_FORCE_FUSED_OP_BACKEND`` are honoured by ``BaseFusedOp.forward`` before the cached
+forward is consulted. Instances SGLang pinned in their ``__init__`` never resolve, so they keep
+SGLang's choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...dispatch.resolve import Resolution
+from ...errors import NoImplementationError
+from ...runtime import Runtime, get_runtime
+from .bridges import BRIDGES, Bridge
+from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
+from .report import SGLANG_FL_RUNNER, SGLANG_RUNNER, DispatchReport, impl_fields
+
+__all__ = ["Router", "get_router", "register"]
+
+_log = logging.getLogger("sglang_fl.integrations.sglang")
+
+Forward = Callable[..., Any]
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _method_name(method: Any) -> str:
+    return getattr(method, "__name__", None) or repr(method)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What happens to every instance of one layer class in this process."""
+
+    op_name: str | None
+    bridge: Bridge | None
+    resolution: Resolution | None
+
+
+class Router:
+    """Decides, once per layer class and once per instance, which forward SGLang caches."""
+
+    def __init__(self, api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+        self.api = api
+        self.runtime = runtime
+        self.report = report
+        self._plans: dict[type, _Plan] = {}
+        self._refused: set[tuple[type, str]] = set()
+        self._handed_off: set[tuple[type, str]] = set()
+        self._lock = threading.RLock()
+
+    # --- the hook -----------------------------------------------------------------------
+
+    def resolve_forward(self, original: Callable[[Any], Forward], layer: Any) -> Forward:
+        """AROUND hook on ``_resolve_forward_method``: runs once per layer instance."""
+        sglang_forward = original(layer)
+        cls = type(layer)
+        plan = self._plans.get(cls) or self._plan(cls, sglang_forward)
+        if plan.resolution is None or plan.bridge is None:
+            return sglang_forward
+        reason = plan.bridge.refuse_instance(layer)
+        if reason is not None:
+            self._note_refusal(cls, plan.op_name, reason, sglang_forward)
+            return sglang_forward
+        return plan.bridge.bind(
+            layer, plan.resolution.fn, sglang_forward, self._handoff(cls, sglang_forward)
+        )
+
+    # --- once per class -----------------------------------------------------------------
+
+    def _op_of(self, cls: type) -> str | None:
+        for op_name, layer_cls in self.api.layers.items():
+            if issubclass(cls, layer_cls):
+                return op_name
+        return None
+
+    def _plan(self, cls: type, sglang_forward: Forward) -> _Plan:
+        with self._lock:
+            plan = self._plans.get(cls)
+            if plan is not None:
+                return plan
+            op_name = self._op_of(cls)
+            bridge = BRIDGES.get(op_name) if op_name else None
+            resolution = None
+            reason = "no standard sglang-fl op for this layer; SGLang runs it"
+            if bridge is not None and op_name is not None:
+                refusal = bridge.refuse_class(cls, self.api.layers[op_name])
+                if refusal is not None:
+                    reason = refusal
+                else:
+                    try:
+                        resolution = self.runtime.resolve(op_name)
+                    except NoImplementationError as exc:
+                        if self.runtime.config.strict:
+                            raise
+                        reason = f"{exc}; left to SGLang"
+            plan = _Plan(op_name, bridge, resolution)
+            self._plans[cls] = plan
+            if resolution is not None:
+                self.report.emit(
+                    "layer",
+                    layer=_qualname(cls),
+                    op=op_name,
+                    runner=SGLANG_FL_RUNNER,
+                    sglang_forward=_method_name(sglang_forward),
+                    **impl_fields(resolution.decision.chosen),
+                    fallbacks=[impl.impl_id for impl in resolution.decision.fallbacks],
+                )
+            else:
+                self.report.emit(
+                    "layer",
+                    layer=_qualname(cls),
+                    op=op_name,
+                    runner=SGLANG_RUNNER,
+                    sglang_forward=_method_name(sglang_forward),
+                    reason=reason,
+                )
+            return plan
+
+    # --- rare paths, reported once --------------------------------------------------------
+
+    def _note_refusal(
+        self, cls: type, op_name: str | None, reason: str, sglang_forward: Forward
+    ) -> None:
+        key = (cls, reason)
+        with self._lock:
+            if key in self._refused:
+                return
+            self._refused.add(key)
+        self.report.emit(
+            "layer",
+            layer=_qualname(cls),
+            op=op_name,
+            runner=SGLANG_RUNNER,
+            scope="instance",
+            sglang_forward=_method_name(sglang_forward),
+            reason=reason,
+        )
+
+    def _handoff(self, cls: type, sglang_forward: Forward) -> Callable[[str], None]:
+        def handoff(reason: str) -> None:
+            key = (cls, reason)
+            if key in self._handed_off:
+                return
+            with self._lock:
+                if key in self._handed_off:
+                    return
+                self._handed_off.add(key)
+            self.report.emit(
+                "handoff",
+                layer=_qualname(cls),
+                op=self._op_of(cls),
+                runner=SGLANG_RUNNER,
+                sglang_forward=_method_name(sglang_forward),
+                reason=reason,
+            )
+
+        return handoff
+
+
+_router: Router | None = None
+_router_lock = threading.Lock()
+
+
+def get_router() -> Router | None:
+    """The router registered in this process, or ``None`` before :func:`register` ran."""
+    return _router
+
+
+def register() -> None:
+    """``sglang.srt.plugins`` entry point: hook SGLang's op resolution (idempotent)."""
+    global _router
+    with _router_lock:
+        if _router is not None:
+            return
+        api = find_sglang_api()
+        runtime = get_runtime()
+        report = DispatchReport(runtime.config.dispatch_log)
+        router = Router(api, runtime, report)
+        api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
+        _router = router
+    report.emit(
+        "plugin",
+        sglang_version=api.version,
+        hook=RESOLVE_TARGET,
+        platform=runtime.platform(),
+        plugins=[
+            {
+                "name": p.name,
+                "status": p.status,
+                "distribution": p.distribution,
+                "version": p.version,
+                "error": p.error,
+            }
+            for p in runtime.plugins
+        ],
+        sglang_force_fused_op_backend=os.environ.get("SGLANG_FORCE_FUSED_OP_BACKEND"),
+    )

@@ -1,0 +1,131 @@
+"""The dispatch report: which implementation runs each SGLang layer class, in every process.
+
+Each process that loads the plugin writes one ``plugin`` record, then one ``layer`` record the
+first time SGLang resolves a fused-op class there, and one ``handoff`` record the first time a
+call is handed back to SGLang's own path. Records are logged at INFO in the first rank (DEBUG
+elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all
+carry ``pid``, so the spawned scheduler workers' choices are visible from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...dispatch.types import OpImpl
+
+__all__ = ["SGLANG_FL_RUNNER", "SGLANG_RUNNER", "DispatchReport", "impl_fields", "read_log"]
+
+_log = logging.getLogger("sglang_fl.integrations.sglang")
+
+SGLANG_FL_RUNNER = "sglang-fl"
+SGLANG_RUNNER = "sglang"
+
+
+def _first_rank() -> bool:
+    """True unless torch.distributed is up and this is not rank 0."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return True
+
+
+def _proctitle() -> str | None:
+    """SGLang names its processes (``sglang::scheduler_TP0``) with setproctitle."""
+    try:
+        import setproctitle
+    except ImportError:
+        return None
+    return setproctitle.getproctitle()
+
+
+def impl_fields(impl: OpImpl) -> dict[str, Any]:
+    """The report columns that identify an implementation and where it came from."""
+    provenance = impl.provenance
+    return {
+        "impl_id": impl.impl_id,
+        "kind": impl.kind.value,
+        "vendor": impl.vendor,
+        "plugin": provenance.plugin if provenance else None,
+        "distribution": provenance.distribution if provenance else None,
+        "version": provenance.version if provenance else None,
+    }
+
+
+class DispatchReport:
+    """Logs records once and appends them to the dispatch log, if one is configured."""
+
+    def __init__(self, log_path: Path | None) -> None:
+        self.log_path = log_path
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Log one record and append it to the dispatch log; returns the record."""
+        record = {
+            "event": event,
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "process": multiprocessing.current_process().name,
+            "proctitle": _proctitle(),
+            "time": round(time.time(), 3),
+            **fields,
+        }
+        level = logging.INFO if _first_rank() else logging.DEBUG
+        if event == "layer":
+            runner = fields.get("runner")
+            if runner == SGLANG_FL_RUNNER:
+                _log.log(
+                    level,
+                    "sglang-fl dispatch: %s -> %s (%s, %s %s)",
+                    fields["layer"],
+                    fields["impl_id"],
+                    fields["kind"],
+                    fields["distribution"],
+                    fields["version"],
+                )
+            else:
+                _log.log(
+                    level,
+                    "sglang-fl dispatch: %s -> SGLang %s (%s)",
+                    fields["layer"],
+                    fields.get("sglang_forward"),
+                    fields.get("reason"),
+                )
+        elif event == "handoff":
+            _log.log(
+                level,
+                "sglang-fl: %s hands a call to SGLang's %s: %s (logged once)",
+                fields["layer"],
+                fields.get("sglang_forward"),
+                fields["reason"],
+            )
+        else:
+            _log.debug("sglang-fl %s: %s", event, fields)
+        if self.log_path is not None:
+            self._append(record)
+        return record
+
+    def _append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+        with self._lock:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            # One O_APPEND write per record: lines from concurrent processes never interleave.
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """Parse a dispatch log written by :class:`DispatchReport` (for the demo and the tests)."""
+    text = Path(path).read_text() if Path(path).exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

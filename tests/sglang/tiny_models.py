@@ -1,0 +1,153 @@
+"""Build tiny Llama / Qwen2 checkpoints offline (no model hub is reachable in CI).
+
+The tokenizer is a byte-level BPE trained with ``tokenizers`` on the Python standard library's
+own sources, so it needs nothing but the interpreter. Weights are random but seeded: the same
+call always writes the same checkpoint. Used by the SGLang tests, the demo and the benchmark;
+run as a script to build one: ``python tests/sglang/tiny_models.py OUT_DIR [--arch qwen2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+ARCHITECTURES = ("llama", "qwen2")
+VOCAB_SIZE = 512
+HIDDEN_SIZE = 64
+NUM_LAYERS = 2
+SEED = 1234
+# Larger than the usual 0.02 so greedy argmax has clear margins: an exact token-id comparison
+# between SGLang and transformers must not hinge on last-bit differences between kernels.
+INITIALIZER_RANGE = 0.2
+_STAMP = "sglang_fl_tiny_model.json"
+_SPECIAL = ("<|endoftext|>", "<|pad|>")
+
+
+def _stdlib_text(limit_bytes: int = 2_000_000) -> Iterator[str]:
+    """Text to train the tokenizer on: the standard library's sources, sorted for determinism."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        total += len(text)
+        yield text
+        if total >= limit_bytes:
+            return
+
+
+def build_tokenizer(out_dir: Path) -> None:
+    """Train and save a byte-level BPE tokenizer that ``AutoTokenizer`` loads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(_SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_stdlib_text(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=_SPECIAL[0],
+        eos_token=_SPECIAL[0],
+        pad_token=_SPECIAL[1],
+    )
+    fast.save_pretrained(out_dir)
+
+
+def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> PretrainedConfig
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": 2 * HIDDEN_SIZE,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "initializer_range": INITIALIZER_RANGE,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common, use_sliding_window=False)
+    raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+
+
+def build_tiny_model(out_dir: str | Path, arch: str = "llama") -> Path:
+    """Write a tiny ``arch`` checkpoint with its tokenizer to ``out_dir``; reuse it if present."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    stamp = out / _STAMP
+    wanted = {
+        "arch": arch,
+        "hidden_size": HIDDEN_SIZE,
+        "layers": NUM_LAYERS,
+        "seed": SEED,
+        "vocab_size": VOCAB_SIZE,
+        "initializer_range": INITIALIZER_RANGE,
+    }
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = _config(arch, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    stamp.write_text(json.dumps(wanted))
+    return out
+
+
+def hf_greedy(model_dir: str | Path, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuation token ids from ``transformers``: the ground truth for SGLang."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    results = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+            )
+            results.append(out[0, ids.shape[1] :].tolist())
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="llama")
+    args = parser.parse_args(argv)
+    print(build_tiny_model(args.out_dir, args.arch))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
