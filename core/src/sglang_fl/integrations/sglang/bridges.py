@@ -189,6 +189,7 @@ class RotaryEmbeddingBridge(Bridge):
                 k.copy_(k_out)
             return query, key
 
+        rotary_embedding.cos_sin_halves = halves  # type: ignore[attr-defined]  # inspection
         return rotary_embedding
 
 

@@ -77,9 +77,14 @@ class Router:
         if reason is not None:
             self._note_refusal(cls, plan.op_name, reason, sglang_forward)
             return sglang_forward
-        return plan.bridge.bind(
+        forward = plan.bridge.bind(
             layer, plan.resolution.fn, sglang_forward, self._handoff(cls, sglang_forward)
         )
+        # SGLang's fused-op trace labels a cached forward by its name: make it say who runs.
+        impl_id = plan.resolution.decision.chosen.impl_id
+        forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
+        forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
+        return forward
 
     # --- once per class -----------------------------------------------------------------
 
