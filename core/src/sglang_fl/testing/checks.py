@@ -1,0 +1,361 @@
+"""The conformance checks themselves, free of pytest so they can be unit-tested and reused.
+
+:func:`plan` turns a selection (vendor, op, device) into named :class:`Check` objects, one per
+pytest item: a plugin check, a signature check per implementation, then either one skipped
+"unavailable" check or one check per contract case and dtype. Each check's :meth:`Check.run`
+returns an :class:`Outcome`; a failure's message names vendor, op, case, dtype and the error.
+"""
+
+from __future__ import annotations
+
+import traceback
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..dispatch.availability import AvailabilityCache
+from ..dispatch.types import Availability, BackendImplKind, OpImpl
+from ..errors import Unsupported
+from ..loader import DISABLED, LOADED, PluginRecord
+from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
+from ..runtime import Runtime, get_runtime
+
+__all__ = [
+    "FAILED",
+    "PASSED",
+    "SKIPPED",
+    "Check",
+    "Outcome",
+    "check_case",
+    "check_plugin",
+    "check_signature",
+    "compare",
+    "parse_selector",
+    "plan",
+]
+
+PASSED, SKIPPED, FAILED = "passed", "skipped", "failed"
+
+# The kit probes availability once per process, like the runtime (which keeps its own cache).
+_AVAILABILITY = AvailabilityCache()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one check found: ``passed``, ``skipped`` (with the reason) or ``failed`` (why)."""
+
+    status: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pytest item: an id (``acme/rms_norm/float16/tokens=7,...``) and the work to do."""
+
+    id: str
+    run: Callable[[], Outcome]
+
+
+def parse_selector(text: str | None) -> tuple[str | None, str | None]:
+    """``"acme:rms_norm"`` -> ``("acme", "rms_norm")``; empty parts mean "all"."""
+    if not text:
+        return None, None
+    vendor, _, op = text.partition(":")
+    op = op.strip() or None
+    if op is not None:
+        get_contract(op)  # an unknown op is a KeyError naming the close match
+    return vendor.strip() or None, op
+
+
+def describe(impl: OpImpl) -> str:
+    """``vendor 'acme' (sglang-fl-acme 0.1.0), op 'rms_norm', impl 'vendor.acme'``."""
+    provenance = impl.provenance
+    origin = f" ({provenance.distribution} {provenance.version})" if provenance else ""
+    return f"vendor {vendor_of(impl)!r}{origin}, op {impl.op_name!r}, impl {impl.impl_id!r}"
+
+
+def vendor_of(impl: OpImpl) -> str:
+    """The plugin (entry-point) name that registered ``impl``; the vendor id as a fallback."""
+    if impl.provenance is not None:
+        return impl.provenance.plugin
+    return impl.vendor or impl.impl_id
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- single checks ------------------------------------------------------------------------------
+
+
+def check_plugin(record: PluginRecord, registered: int) -> Outcome:
+    """The vendor's entry point loaded and registered at least one implementation."""
+    who = f"plugin {record.name!r} ({record.distribution} {record.version})"
+    if record.status == DISABLED:
+        return Outcome(SKIPPED, f"{who} is disabled: {record.error}")
+    if record.status != LOADED:
+        return Outcome(FAILED, f"{who} failed to load: {record.error}")
+    if registered == 0:
+        return Outcome(FAILED, f"{who} loaded but registered no implementation")
+    return Outcome(PASSED)
+
+
+def check_signature(impl: OpImpl) -> Outcome:
+    """``impl.fn`` accepts the op's standard arguments, positionally and by keyword."""
+    contract = get_contract(impl.op_name)
+    problem = contract.signature_problem(impl.fn)
+    if problem is None:
+        return Outcome(PASSED)
+    return Outcome(
+        FAILED, f"{describe(impl)}: {problem}; the contract is {contract.signature_text()}"
+    )
+
+
+def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cpu") -> Outcome:
+    """Run ``impl`` on one case and dtype; compare with the reference and the in-place rules.
+
+    The implementation and the reference each get their own copy of the inputs (made twice from
+    the same seed, so strided views stay strided). Raising :class:`~sglang_fl.Unsupported` is a
+    skip, unless the implementation wrote to its inputs first.
+    """
+    contract = get_contract(impl.op_name)
+    where = f"{describe(impl)}, case {case.name!r}, dtype {dtype_name(dtype)}, device {device}"
+    inputs = _make_inputs(contract, case, dtype, device)
+    expected_inputs = _make_inputs(contract, case, dtype, device)
+    before = _snapshot(contract, inputs)
+    try:
+        got = impl.fn(inputs.obj, *inputs.args, **inputs.kwargs)
+    except Unsupported as exc:
+        written = _changed(contract, inputs, before, _all_names(contract, inputs))
+        if written:
+            return Outcome(
+                FAILED,
+                f"{where}: raised Unsupported ({exc}) after writing to {', '.join(written)}; "
+                "an implementation may only decline a call before it writes anything",
+            )
+        return Outcome(SKIPPED, f"{where}: declined with Unsupported: {exc}")
+    except Exception as exc:
+        return Outcome(
+            FAILED,
+            f"{where}: raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+        )
+    want = contract.reference(expected_inputs.obj, *expected_inputs.args, **expected_inputs.kwargs)
+    problems = list(_output_problems(got, want, contract.tolerance(dtype)))
+    problems += _in_place_problems(contract, inputs, got, want, contract.tolerance(dtype))
+    untouched = _changed(contract, inputs, before, _preserved_names(inputs))
+    problems += [f"input {name} was modified; it must stay untouched" for name in untouched]
+    if problems:
+        return Outcome(FAILED, f"{where}:\n  " + "\n  ".join(problems))
+    return Outcome(PASSED)
+
+
+def compare(got: object, want: torch.Tensor, tolerance: Tolerance, what: str) -> str | None:
+    """Why ``got`` is not ``want`` within ``tolerance`` (with max abs/rel error), or ``None``."""
+    if not isinstance(got, torch.Tensor):
+        return f"{what} is a {type(got).__name__}, expected a tensor"
+    if got.shape != want.shape:
+        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"{what} has dtype {dtype_name(got.dtype)}, expected {dtype_name(want.dtype)}"
+    if got.device != want.device:
+        return f"{what} is on {got.device}, expected {want.device}"
+    g = got.detach().to("cpu", torch.float64)
+    w = want.detach().to("cpu", torch.float64)
+    error = (g - w).abs()
+    bound = tolerance.atol + tolerance.rtol * w.abs()
+    bad = ~(error <= bound)  # NaN compares false: a NaN output is out of tolerance
+    if not bool(bad.any()):
+        return None
+    error = torch.nan_to_num(error, nan=float("inf"))
+    nonzero = w != 0
+    max_rel = (error[nonzero] / w[nonzero].abs()).max().item() if nonzero.any() else float("inf")
+    worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(error - bound), error.shape))
+    return (
+        f"{what}: max abs error {error.max().item():.3g}, max rel error {max_rel:.3g} "
+        f"(atol={tolerance.atol:g}, rtol={tolerance.rtol:g}); {int(bad.sum())} of "
+        f"{bad.numel()} elements out of tolerance; worst at {list(worst)}: "
+        f"got {g[worst].item():.6g}, want {w[worst].item():.6g}"
+    )
+
+
+# -- planning -------------------------------------------------------------------------------------
+
+
+def plan(
+    vendor: str | None = None,
+    op: str | None = None,
+    device: str = "cpu",
+    runtime: Runtime | None = None,
+) -> list[Check]:
+    """The checks for the installed implementations of ``vendor`` (all if ``None``) and ``op``.
+
+    The built-in reference backend is never a subject: it is what the others are compared to.
+    A selection that matches nothing is one failing (unknown vendor) or skipped check, never an
+    empty run that would look green.
+    """
+    runtime = runtime or get_runtime()
+    ops = (get_contract(op).name,) if op else tuple(STANDARD_OPS)
+    plugins = [p for p in runtime.plugins if not p.builtin]
+    if vendor is not None:
+        selected = [p for p in plugins if p.name == vendor]
+        if not selected:
+            installed = ", ".join(p.name for p in plugins) or "none"
+            message = (
+                f"no sglang_fl.backends plugin named {vendor!r} is installed (installed: "
+                f"{installed}); install the vendor's wheel, e.g. `pip install -e .` in its project"
+            )
+            return [Check(f"{vendor}/plugin", _const(Outcome(FAILED, message)))]
+    else:
+        selected = plugins
+        if not selected:
+            reason = "no vendor plugin is installed (entry-point group sglang_fl.backends)"
+            return [Check("no-vendor", _const(Outcome(SKIPPED, reason)))]
+    checks: list[Check] = []
+    for record in selected:
+        impls = [
+            impl
+            for op_name in STANDARD_OPS
+            for impl in runtime.registry.implementations(op_name)
+            if impl.provenance is not None
+            and impl.provenance.plugin == record.name
+            and impl.kind is not BackendImplKind.REFERENCE
+        ]
+        checks.append(Check(f"{record.name}/plugin", _bind(check_plugin, record, len(impls))))
+        impls = [impl for impl in impls if impl.op_name in ops]
+        if record.status == LOADED and op is not None and not impls:
+            message = f"plugin {record.name!r} registers no implementation of op {op!r}"
+            checks.append(Check(f"{record.name}/{op}", _const(Outcome(FAILED, message))))
+        for impl in impls:
+            checks.extend(_impl_checks(impl, _label(impl, impls), device))
+    return checks
+
+
+def _impl_checks(impl: OpImpl, label: str, device: str) -> Iterator[Check]:
+    yield Check(f"{label}/signature", _bind(check_signature, impl))
+    availability = probe(impl)
+    if not availability:
+        reason = f"{describe(impl)} is unavailable here: {availability.reason}"
+        yield Check(f"{label}/unavailable", _const(Outcome(SKIPPED, reason)))
+        return
+    contract = get_contract(impl.op_name)
+    for dtype in contract.dtypes:
+        for case in contract.cases:
+            check_id = f"{label}/{dtype_name(dtype)}/{case.name}"
+            yield Check(check_id, _bind(check_case, impl, case, dtype, device))
+
+
+def probe(impl: OpImpl) -> Availability:
+    """The implementation's availability, probed at most once per process by the kit."""
+    return _AVAILABILITY.check(impl)
+
+
+def _label(impl: OpImpl, siblings: list[OpImpl]) -> str:
+    label = f"{vendor_of(impl)}/{impl.op_name}"
+    same_op = [s for s in siblings if s.op_name == impl.op_name]
+    return label if len(same_op) == 1 else f"{label}/{impl.impl_id}"
+
+
+def _const(outcome: Outcome) -> Callable[[], Outcome]:
+    return lambda: outcome
+
+
+def _bind(fn: Callable[..., Outcome], *args: Any) -> Callable[[], Outcome]:
+    return lambda: fn(*args)
+
+
+# -- case internals -------------------------------------------------------------------------------
+
+
+def _make_inputs(contract: OpContract, case: OpCase, dtype: torch.dtype, device: str) -> OpInputs:
+    seed = zlib.crc32(f"{contract.name}/{case.name}/{dtype}".encode())
+    generator = torch.Generator().manual_seed(seed)
+    return contract.make_inputs(case, dtype, torch.device(device), generator)
+
+
+def _tensors(contract: OpContract, inputs: OpInputs, names: tuple[str, ...]) -> dict[str, Any]:
+    """``'x'`` -> argument tensor, ``'obj.weight'`` -> layer attribute tensor."""
+    found: dict[str, Any] = {}
+    for name in names:
+        if name.startswith("obj."):
+            value = getattr(inputs.obj, name.removeprefix("obj."))
+        else:
+            value = inputs.argument(name, contract.signature)
+        if isinstance(value, torch.Tensor):
+            found[name] = value
+    return found
+
+
+def _all_names(contract: OpContract, inputs: OpInputs) -> tuple[str, ...]:
+    layer_attrs = tuple(f"obj.{k}" for k in getattr(inputs.obj, "__dict__", {}))
+    return (*contract.parameter_names[1:], *layer_attrs)
+
+
+def _preserved_names(inputs: OpInputs) -> tuple[str, ...]:
+    # Layer attributes (weights, caches) are never an op's output: they always stay untouched.
+    layer_attrs = tuple(f"obj.{k}" for k in getattr(inputs.obj, "__dict__", {}))
+    return (*inputs.preserved, *layer_attrs)
+
+
+def _snapshot(contract: OpContract, inputs: OpInputs) -> Mapping[str, torch.Tensor]:
+    return {
+        name: tensor.detach().clone()
+        for name, tensor in _tensors(contract, inputs, _all_names(contract, inputs)).items()
+    }
+
+
+def _changed(
+    contract: OpContract,
+    inputs: OpInputs,
+    before: Mapping[str, torch.Tensor],
+    names: tuple[str, ...],
+) -> list[str]:
+    """``'x' (3 of 128 elements)`` for each named tensor that differs from its snapshot."""
+    changed = []
+    for name, tensor in _tensors(contract, inputs, names).items():
+        if name in before and not torch.equal(tensor, before[name]):
+            count = int((tensor != before[name]).sum())
+            changed.append(f"{name!r} ({count} of {tensor.numel()} elements)")
+    return changed
+
+
+def _output_problems(got: object, want: object, tolerance: Tolerance) -> Iterator[str]:
+    if isinstance(want, torch.Tensor):
+        problem = compare(got, want, tolerance, "output")
+        if problem:
+            yield problem
+        return
+    assert isinstance(want, tuple)
+    if not isinstance(got, (tuple, list)) or len(got) != len(want):
+        shape = type(got).__name__ + (f" of {len(got)}" if isinstance(got, (tuple, list)) else "")
+        yield f"returned a {shape}, expected a tuple of {len(want)} tensors"
+        return
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        problem = compare(g, w, tolerance, f"output[{index}]")
+        if problem:
+            yield problem
+
+
+def _in_place_problems(
+    contract: OpContract, inputs: OpInputs, got: object, want: object, tolerance: Tolerance
+) -> list[str]:
+    """Outputs the contract says are written in place share storage with, and fill, the input."""
+    problems: list[str] = []
+    outputs = got if isinstance(got, (tuple, list)) else (got,)
+    wanted = want if isinstance(want, tuple) else (want,)
+    for index, name in inputs.written_in_place.items():
+        argument = inputs.argument(name, contract.signature)
+        output = outputs[index] if index < len(outputs) else None
+        if not isinstance(output, torch.Tensor) or (
+            output.untyped_storage().data_ptr() != argument.untyped_storage().data_ptr()
+        ):
+            problems.append(
+                f"output[{index}] must be written in place into input {name!r}, "
+                "but it does not share that input's storage"
+            )
+        problem = compare(argument, wanted[index], tolerance, f"input {name!r} after the call")
+        if problem:
+            problems.append(problem + f" (it must hold output[{index}])")
+    return problems
