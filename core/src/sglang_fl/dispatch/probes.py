@@ -65,7 +65,8 @@ class ChipSdk:
         self.module: ModuleType | None = None
         self._error: str | None = None
         self._probed: Availability | None = None
-        self._lock = threading.Lock()
+        # Re-entrant: a count_devices that reads `.module` may run while a probe holds it.
+        self._lock = threading.RLock()
 
     def load(self) -> ModuleType:
         """The SDK module, imported on the first call; raises ``ImportError`` with the reason.
