@@ -80,6 +80,10 @@ class Runtime:
 
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.RLock()
+        # A parent thread may have held these at fork time (e.g. mid availability probe, which
+        # runs under the cache's lock): the child would block on them forever.
+        self._availability._lock = threading.Lock()
+        self.registry._lock = threading.RLock()
 
 
 _runtime: Runtime | None = None
