@@ -1,6 +1,6 @@
-"""sglang-fl backend template: copy it with ``sglang-fl new-vendor NAME``.
+"""sglang-fl backend for the template chip (entry point ``template``).
 
-Importing this package imports no chip SDK; the backend probes for its chip lazily.
+Importing this package imports no chip SDK; the backend probes for the chip lazily.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The template's :class:`~sglang_fl.dispatch.backends.Backend`: never available."""
+"""The template :class:`~sglang_fl.dispatch.backends.Backend`: can this process use the chip?"""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ from sglang_fl.dispatch.types import Availability
 
 
 class TemplateBackend(Backend):
-    """A backend for no chip at all. A real one probes its SDK and devices here, lazily."""
+    """Probed lazily, at most once per process; must never raise."""
 
     @property
     def name(self) -> str:
         return "template"
 
     def is_available(self) -> Availability:
-        # A real chip: import the SDK here (never at module import) and count devices, e.g.
-        #   try: import my_chip_sdk
-        #   except ImportError as exc:
-        #       return Availability(False, f"my_chip_sdk import failed: {exc}")
-        #   n = my_chip_sdk.device_count()
-        #   return Availability(n > 0, f"{n} device(s) visible")
-        return Availability(False, "template backend: never available (it only shows the layout)")
+        # Import the chip SDK here, never at module import, count the devices and say why not:
+        # the reason is what `sglang-fl explain OP` shows. sglang_fl.dispatch.probes.ChipSdk
+        # does all three (see its docstring); until then the ops stay with the next candidate.
+        return Availability(False, "template: no availability probe written yet (backend.py)")

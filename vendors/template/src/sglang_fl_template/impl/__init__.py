@@ -1,0 +1,1 @@
+"""template kernel adapters: one function per op, taking the op's standard arguments."""

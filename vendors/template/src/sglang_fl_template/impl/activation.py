@@ -1,4 +1,4 @@
-"""``silu_and_mul`` on the chip: ``x`` ``[num_tokens, 2*d]`` -> new ``[num_tokens, d]``."""
+"""``silu_and_mul`` on template: ``x`` ``[num_tokens, 2*d]`` -> new ``[num_tokens, d]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,6 @@ from sglang_fl import Unsupported
 
 
 def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
-    # Replace with the chip kernel. Raising Unsupported (before writing anything) hands this
-    # call to the next candidate, e.g. for a dtype the kernel does not handle.
+    # Replace with the chip kernel; x stays untouched. Raising Unsupported (before writing
+    # anything) hands this call to the next candidate, e.g. for a dtype the kernel lacks.
     raise Unsupported("template: silu_and_mul is not implemented")

@@ -1,4 +1,4 @@
-"""``rms_norm`` on the chip, with the fused residual add when ``residual`` is given."""
+"""``rms_norm`` on template, with the fused residual add when ``residual`` is given."""
 
 from __future__ import annotations
 
@@ -13,6 +13,6 @@ def rms_norm(
     obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     # Replace with the chip kernel: obj.weight, obj.variance_epsilon; fp32 accumulation.
-    # With residual: return (rms_norm(x + residual), x + residual); writing both in place is
-    # allowed (callers use the returned tensors).
+    # Without residual x stays untouched. With residual: return (rms_norm(x + residual),
+    # x + residual); writing both into x and residual is allowed.
     raise Unsupported("template: rms_norm is not implemented")

@@ -1,4 +1,4 @@
-"""``rotary_embedding`` on the chip: neox or interleaved, in place or not."""
+"""``rotary_embedding`` on template: neox or interleaved, in place or not."""
 
 from __future__ import annotations
 
@@ -20,5 +20,6 @@ def rotary_embedding(
     inplace: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # Replace with the chip kernel: query/key [num_tokens, heads, rotary_dim] (maybe strided
-    # views), cos/sin [max_positions, rotary_dim // 2] indexed by position_ids.
+    # views), cos/sin [max_positions, rotary_dim // 2] indexed by position_ids. inplace=True:
+    # write into query and key and return them; inplace=False: leave both untouched.
     raise Unsupported("template: rotary_embedding is not implemented")

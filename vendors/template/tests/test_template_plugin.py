@@ -1,0 +1,31 @@
+"""Discovery: the installed wheel's entry point loads and registers the ops (no chip needed)."""
+
+from __future__ import annotations
+
+from sglang_fl_template.backend import TemplateBackend
+
+from sglang_fl import get_runtime
+from sglang_fl.dispatch.types import Availability
+
+# What register_ops.py registers: keep it in step when you add or drop an op.
+REGISTERED_OPS = {"silu_and_mul", "rms_norm", "rotary_embedding"}
+
+
+def test_entry_point_loads_and_registers_the_ops() -> None:
+    runtime = get_runtime()
+    plugin = runtime.plugin("template")
+    assert plugin.status == "loaded", plugin.error
+    assert plugin.distribution == "sglang-fl-template"
+    registered = {
+        impl.op_name
+        for op in runtime.registry.ops()
+        for impl in runtime.registry.implementations(op)
+        if impl.provenance is not None and impl.provenance.plugin == "template"
+    }
+    assert registered == REGISTERED_OPS
+
+
+def test_availability_probe_answers_with_a_reason() -> None:
+    availability = TemplateBackend().is_available()
+    assert isinstance(availability, (bool, Availability))
+    assert not isinstance(availability, Availability) or availability.reason
