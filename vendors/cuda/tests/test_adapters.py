@@ -1,0 +1,232 @@
+"""The sgl_kernel adapters against the ``sgl_kernel`` test double (no GPU, no real SDK).
+
+Each adapter runs every case and dtype of its op contract through core's conformance check
+(values vs the reference, untouched inputs, in-place outputs), then the tests below pin the
+kernel calls themselves: argument order, dtypes, which tensors are written in place.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sgl_kernel_double import SglKernelDouble
+from sglang_fl_cuda import plugin
+from sglang_fl_cuda.impl.activation import silu_and_mul
+from sglang_fl_cuda.impl.normalization import rms_norm
+from sglang_fl_cuda.impl.rotary import rotary_embedding
+
+from sglang_fl import Unsupported
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+
+
+def registered() -> dict[str, OpImpl]:
+    registry = OpRegistry()
+    plugin.sglang_fl_register_ops(registry)
+    return {op: impl for op in STANDARD_OPS for impl in registry.implementations(op)}
+
+
+IMPLS = registered()
+CASES = [
+    pytest.param(op, case, dtype, id=f"{op}/{str(dtype).removeprefix('torch.')}/{case.name}")
+    for op, contract in STANDARD_OPS.items()
+    for dtype in contract.dtypes
+    for case in contract.cases
+]
+
+
+def declined(op: str, case_params: dict[str, object], dtype: torch.dtype) -> bool:
+    """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm has no fp32 path."""
+    return op == "rms_norm" and not case_params["residual"] and dtype == torch.float32
+
+
+def test_registers_every_standard_op_as_the_adapter_itself() -> None:
+    assert {op: impl.fn for op, impl in IMPLS.items()} == {
+        "silu_and_mul": silu_and_mul,
+        "rms_norm": rms_norm,
+        "rotary_embedding": rotary_embedding,
+    }
+    for impl in IMPLS.values():
+        assert impl.kind is BackendImplKind.VENDOR
+        assert (impl.vendor, impl.impl_id) == ("cuda", "vendor.cuda")
+
+
+@pytest.mark.parametrize(("op", "case", "dtype"), CASES)
+def test_contract_case(
+    sgl_kernel: SglKernelDouble, op: str, case: object, dtype: torch.dtype
+) -> None:
+    outcome = check_case(IMPLS[op], case, dtype)  # type: ignore[arg-type]
+    expected = SKIPPED if declined(op, case.params, dtype) else PASSED  # type: ignore[attr-defined]
+    assert outcome.status == expected, outcome.message
+    assert sgl_kernel.calls or expected == SKIPPED
+
+
+def rows(tokens: int, width: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(tokens, width, generator=torch.Generator().manual_seed(0)).to(dtype)
+
+
+def test_silu_and_mul_passes_input_then_output(sgl_kernel: SglKernelDouble) -> None:
+    x = rows(3, 64)
+    out = silu_and_mul(None, x)
+    ((name, (kernel_in, kernel_out)),) = sgl_kernel.calls
+    assert name == "silu_and_mul"
+    assert kernel_in is x
+    assert kernel_out is out
+    assert out.shape == (3, 32)
+    assert out.dtype == torch.bfloat16
+
+
+def test_silu_and_mul_packs_a_strided_input(sgl_kernel: SglKernelDouble) -> None:
+    x = rows(3, 128)[:, ::2]
+    silu_and_mul(None, x)
+    ((_, (kernel_in, _)),) = sgl_kernel.calls
+    assert kernel_in.is_contiguous()
+    assert torch.equal(kernel_in, x)
+
+
+def test_silu_and_mul_declines_unaligned_rows_before_calling(sgl_kernel: SglKernelDouble) -> None:
+    with pytest.raises(Unsupported, match="multiple of 16 bytes"):
+        silu_and_mul(None, rows(2, 6, torch.float16))  # 12 bytes per row
+    assert sgl_kernel.calls == []
+
+
+def norm_layer(hidden: int, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.rand(hidden).to(dtype))
+    layer.variance_epsilon = 1e-5
+    return layer
+
+
+def test_rms_norm_calls_rmsnorm_with_weight_data_and_epsilon(sgl_kernel: SglKernelDouble) -> None:
+    layer, x = norm_layer(16), rows(4, 16)
+    out = rms_norm(layer, x)
+    ((name, (kernel_x, weight, eps, kernel_out)),) = sgl_kernel.calls
+    assert name == "rmsnorm"
+    assert kernel_x is x
+    assert kernel_out is None  # the kernel allocates the output
+    assert not isinstance(weight, torch.nn.Parameter)
+    assert torch.equal(weight, layer.weight)
+    assert eps == 1e-5
+    assert isinstance(out, torch.Tensor)
+    assert out is not x
+
+
+def test_rms_norm_with_residual_is_fused_in_place(sgl_kernel: SglKernelDouble) -> None:
+    layer, x, residual = norm_layer(16), rows(4, 16), rows(4, 16) * 2
+    total = x.float() + residual.float()
+    out, new_residual = rms_norm(layer, x, residual)
+    ((name, (kernel_x, kernel_residual, _, eps)),) = sgl_kernel.calls
+    assert name == "fused_add_rmsnorm"
+    assert kernel_x is x
+    assert kernel_residual is residual
+    assert eps == 1e-5
+    assert out is x
+    assert new_residual is residual
+    torch.testing.assert_close(new_residual, total.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("weight_dtype", "shape", "message"),
+    [
+        (torch.float32, (4, 16), "weight dtype"),
+        (torch.bfloat16, (2, 2, 16), r"\[num_tokens, hidden\]"),
+    ],
+)
+def test_rms_norm_declines_before_writing(
+    sgl_kernel: SglKernelDouble, weight_dtype: torch.dtype, shape: tuple[int, ...], message: str
+) -> None:
+    x = torch.randn(shape).to(torch.bfloat16)
+    residual = torch.randn(shape).to(torch.bfloat16)
+    before = (x.clone(), residual.clone())
+    with pytest.raises(Unsupported, match=message):
+        rms_norm(norm_layer(16, weight_dtype), x, residual)
+    assert sgl_kernel.calls == []
+    assert torch.equal(x, before[0])
+    assert torch.equal(residual, before[1])
+
+
+def rope_inputs(
+    dtype: torch.dtype = torch.float16, head_size: int = 64, rotary_dim: int = 32
+) -> tuple[object, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    contract = STANDARD_OPS["rotary_embedding"]
+    case = next(
+        c
+        for c in contract.cases
+        if c.params["head_size"] == head_size
+        and c.params["rotary_dim"] == rotary_dim
+        and c.params["q_heads"] == 4
+        and c.params["inplace"]
+    )
+    inputs = contract.make_inputs(
+        case, dtype, torch.device("cpu"), torch.Generator().manual_seed(1)
+    )
+    return (inputs.obj, *inputs.args)  # type: ignore[return-value]
+
+
+def test_rotary_rotates_partial_views_where_they_lie(sgl_kernel: SglKernelDouble) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    assert not query.is_contiguous()  # [tokens, heads, 32] view of [tokens, heads, 64]
+    q_out, k_out = rotary_embedding(obj, query, key, cos, sin, positions, False, True)
+    ((name, args),) = sgl_kernel.calls
+    kernel_positions, kernel_q, kernel_k, head_size, cache, is_neox = args
+    assert name == "rotary_embedding"
+    assert kernel_q is query
+    assert kernel_k is key
+    assert q_out is query
+    assert k_out is key
+    assert kernel_positions is positions
+    assert head_size == 32
+    assert is_neox is True
+    assert cache.shape == (cos.shape[0], 32)
+    assert cache.dtype == torch.float16
+    torch.testing.assert_close(cache, torch.cat((cos, sin), dim=-1), rtol=0, atol=0)
+
+
+def test_rotary_joins_cos_and_sin_once_per_pair(sgl_kernel: SglKernelDouble) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    rotary_embedding(obj, query, key, cos, sin, positions, True, True)
+    rotary_embedding(obj, query, key, cos, sin, positions, True, True)
+    first, second = (call[1][4] for call in sgl_kernel.calls)
+    assert first is second
+    assert sgl_kernel.calls[0][1][5] is False  # interleaved = GPT-J style = not neox
+    rotary_embedding(obj, query, key, cos.clone(), sin, positions, True, True)
+    assert sgl_kernel.calls[2][1][4] is not first
+
+
+def test_rotary_out_of_place_leaves_inputs_untouched(sgl_kernel: SglKernelDouble) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    before = (query.clone(), key.clone())
+    q_out, k_out = rotary_embedding(obj, query, key, cos, sin, positions, False, False)
+    assert torch.equal(query, before[0])
+    assert torch.equal(key, before[1])
+    assert q_out.data_ptr() != query.data_ptr()
+    assert k_out.data_ptr() != key.data_ptr()
+    assert not torch.equal(q_out, before[0])
+
+
+def test_rotary_int32_positions_become_int64(sgl_kernel: SglKernelDouble) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    rotary_embedding(obj, query, key, cos, sin, positions.int(), False, True)
+    kernel_positions = sgl_kernel.calls[0][1][0]
+    assert kernel_positions.dtype == torch.int64
+    assert torch.equal(kernel_positions, positions)
+
+
+def test_rotary_with_different_head_strides_goes_through_copies(
+    sgl_kernel: SglKernelDouble,
+) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    key = key.contiguous()  # head stride 32, query's is 64: the kernel would misaddress key
+    expected = STANDARD_OPS["rotary_embedding"].reference(
+        obj, query.clone(), key.clone(), cos, sin, positions, False, False
+    )
+    q_out, k_out = rotary_embedding(obj, query, key, cos, sin, positions, False, True)
+    assert q_out is query
+    assert k_out is key
+    kernel_q = sgl_kernel.calls[0][1][1]
+    assert kernel_q is not query
+    assert kernel_q.is_contiguous()
+    torch.testing.assert_close(q_out, expected[0])
+    torch.testing.assert_close(k_out, expected[1])
