@@ -1,0 +1,218 @@
+"""Op contracts: which functions can take an op's standard arguments, and the error texts."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from sglang_fl.ops import STANDARD_OPS, get_contract, unknown_op_message
+
+
+def test_standard_ops_are_the_design_set():
+    assert list(STANDARD_OPS) == ["silu_and_mul", "rms_norm", "rotary_embedding"]
+
+
+@pytest.mark.parametrize(
+    ("op", "text"),
+    [
+        ("silu_and_mul", "silu_and_mul(obj, x)"),
+        ("rms_norm", "rms_norm(obj, x, residual=None)"),
+        (
+            "rotary_embedding",
+            "rotary_embedding(obj, query, key, cos, sin, position_ids, "
+            "rotary_interleaved=False, inplace=True)",
+        ),
+    ],
+)
+def test_signature_text_is_the_design_signature(op, text):
+    assert get_contract(op).signature_text() == text
+
+
+def test_required_parameters():
+    assert get_contract("rms_norm").required_parameters == ("obj", "x")
+    assert get_contract("rotary_embedding").required_parameters == (
+        "obj",
+        "query",
+        "key",
+        "cos",
+        "sin",
+        "position_ids",
+    )
+
+
+def test_unknown_op_suggests_close_match():
+    with pytest.raises(KeyError) as info:
+        get_contract("rms_nrom")
+    message = info.value.args[0]
+    assert "'rms_nrom'" in message
+    assert "did you mean 'rms_norm'?" in message
+    assert "silu_and_mul, rms_norm, rotary_embedding" in message
+
+
+def test_unknown_op_without_close_match_lists_known_ops():
+    message = unknown_op_message("attention")
+    assert "did you mean" not in message
+    assert "known ops: silu_and_mul, rms_norm, rotary_embedding" in message
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_tolerances_for_every_contract_dtype(dtype):
+    for contract in STANDARD_OPS.values():
+        tol = contract.tolerance(dtype)
+        assert tol.atol > 0
+        assert tol.rtol > 0
+
+
+def test_tolerance_of_unknown_dtype_names_op_and_dtypes():
+    with pytest.raises(ValueError, match=r"'rms_norm' has no tolerance for dtype torch\.int8"):
+        get_contract("rms_norm").tolerance(torch.int8)
+
+
+# -- accepted functions ---------------------------------------------------------------------------
+
+
+def plain_rms(obj, x, residual=None):
+    return x
+
+
+def rms_with_kwargs(obj, x, residual=None, **extra):
+    return x
+
+
+def rms_varargs(*args, **kwargs):
+    return args
+
+
+def rms_extra_optional(obj, x, residual=None, scale=1.0):
+    return x
+
+
+def rotary_plain(obj, query, key, cos, sin, position_ids, rotary_interleaved=False, inplace=True):
+    return query, key
+
+
+class SeedBackend:
+    """The seed's backend: ops are methods (bound: ``self`` is not an op argument)."""
+
+    def silu_and_mul(self, obj, x):
+        return x
+
+    def rms_norm(self, obj, x, residual=None):
+        return x
+
+    def rotary_embedding(
+        self, obj, query, key, cos, sin, position_ids, rotary_interleaved=False, inplace=True
+    ):
+        return query, key
+
+
+def seed_wrapper(fn, is_available):
+    """``_bind_is_available`` from the seed page: a ``functools.wraps``'d ``*args`` wrapper."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    wrapper._is_available = is_available
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    ("op", "fn"),
+    [
+        ("rms_norm", plain_rms),
+        ("rms_norm", rms_with_kwargs),
+        ("rms_norm", rms_varargs),
+        ("rms_norm", rms_extra_optional),
+        ("rms_norm", lambda obj, x, residual=None: x),
+        ("rms_norm", SeedBackend().rms_norm),
+        ("rms_norm", seed_wrapper(SeedBackend().rms_norm, lambda: True)),
+        ("silu_and_mul", SeedBackend().silu_and_mul),
+        ("silu_and_mul", seed_wrapper(SeedBackend().silu_and_mul, lambda: True)),
+        ("silu_and_mul", functools.partial(plain_rms, residual=None)),
+        ("rotary_embedding", rotary_plain),
+        ("rotary_embedding", SeedBackend().rotary_embedding),
+        ("rotary_embedding", seed_wrapper(SeedBackend().rotary_embedding, lambda: True)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__qualname__", type(v).__name__),
+)
+def test_signature_problem_accepts(op, fn):
+    assert get_contract(op).signature_problem(fn) is None
+
+
+def test_reference_implementations_satisfy_their_contracts():
+    for contract in STANDARD_OPS.values():
+        assert contract.signature_problem(contract.reference) is None
+
+
+def test_a_callable_object_is_accepted():
+    class Kernel:
+        def __call__(self, obj, x):
+            return x
+
+    assert get_contract("silu_and_mul").signature_problem(Kernel()) is None
+
+
+# -- rejected functions ---------------------------------------------------------------------------
+
+
+def too_few(obj):
+    return obj
+
+
+def too_many_required(obj, x, residual, scale):
+    return x
+
+
+def misnamed_optional(obj, x, res=None):
+    return x
+
+
+def rotary_misnamed(obj, query, key, cos, sin, position_ids, interleaved=False, inplace=True):
+    return query, key
+
+
+def rotary_missing_inplace(obj, query, key, cos, sin, position_ids, rotary_interleaved=False):
+    return query, key
+
+
+def keyword_only_x(obj, *, x):
+    return x
+
+
+@pytest.mark.parametrize(
+    ("op", "fn", "expected"),
+    [
+        ("silu_and_mul", too_few, "cannot be called with 2 positional arguments"),
+        ("rms_norm", too_few, "cannot be called with 3 positional arguments"),
+        ("rms_norm", too_many_required, "cannot be called with 3 positional arguments"),
+        ("silu_and_mul", SeedBackend.silu_and_mul, "cannot be called with 2 positional"),
+        ("rms_norm", misnamed_optional, "optional parameters are not named as in the contract"),
+        (
+            "rotary_embedding",
+            rotary_misnamed,
+            "optional parameters are not named as in the contract",
+        ),
+        ("rotary_embedding", rotary_missing_inplace, "cannot be called with 8 positional"),
+        ("silu_and_mul", keyword_only_x, "cannot be called with 2 positional arguments"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__qualname__", type(v).__name__),
+)
+def test_signature_problem_rejects(op, fn, expected):
+    problem = get_contract(op).signature_problem(fn)
+    assert problem is not None
+    assert expected in problem
+
+
+def test_uninspectable_callable_is_reported():
+    class Opaque:
+        __signature__ = "not a signature"
+
+        def __call__(self, *args):
+            return args
+
+    problem = get_contract("silu_and_mul").signature_problem(Opaque())
+    assert problem is not None
+    assert "cannot be inspected" in problem

@@ -1,0 +1,307 @@
+"""The process-wide runtime: loaded once, one answer for every thread, safe across fork."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import sglang_fl
+from sglang_fl import runtime as runtime_module
+from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+
+
+@pytest.fixture
+def load_counter(monkeypatch):
+    """Counts calls of the loader the runtime uses (slowed down, to widen any race)."""
+    calls: list[int] = []
+    real = runtime_module.load_plugins
+
+    def counting(*args, **kwargs):
+        calls.append(threading.get_ident())
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_module, "load_plugins", counting)
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")  # reference only: independent of what is installed
+    return calls
+
+
+def test_one_load_per_process(load_counter):
+    first = runtime_module.get_runtime()
+    assert sglang_fl.get_runtime() is first
+    assert runtime_module.get_runtime() is first
+    assert len(load_counter) == 1
+
+
+def test_resolutions_are_cached(load_counter):
+    runtime = runtime_module.get_runtime()
+    first = runtime.resolve("rms_norm")
+    assert runtime.resolve("rms_norm") is first
+    assert first.fn is runtime_module.get_runtime().resolve("rms_norm").fn
+
+
+def test_reset_runtime_reloads_with_new_settings(load_counter, monkeypatch):
+    first = runtime_module.get_runtime()
+    assert first.config.prefer is None
+    monkeypatch.setenv("SGLANG_FL_PREFER", "reference")
+    assert runtime_module.get_runtime() is first  # settings are read once
+    runtime_module.reset_runtime()
+    second = runtime_module.get_runtime()
+    assert second is not first
+    assert str(second.config.prefer) == "reference"
+    assert len(load_counter) == 2
+
+
+def test_bad_configuration_raises_and_leaves_no_runtime(monkeypatch):
+    monkeypatch.setenv("SGLANG_FL_STRICT", "sometimes")
+    with pytest.raises(sglang_fl.ConfigError, match="SGLANG_FL_STRICT='sometimes'"):
+        runtime_module.get_runtime()
+    assert runtime_module._runtime is None
+    monkeypatch.setenv("SGLANG_FL_STRICT", "0")
+    assert runtime_module.get_runtime().config.strict is False
+
+
+def test_resolve_unknown_op_suggests():
+    with pytest.raises(KeyError, match="did you mean 'rotary_embedding'"):
+        runtime_module.get_runtime().resolve("rotary_embeding")
+
+
+def test_resolve_all_reports_errors_per_op(load_counter, monkeypatch):
+    monkeypatch.setenv("SGLANG_FL_PER_OP", "silu_and_mul=vendor:nope")
+    runtime_module.reset_runtime()
+    results = runtime_module.get_runtime().resolve_all()
+    assert set(results) == {"silu_and_mul", "rms_norm", "rotary_embedding"}
+    assert isinstance(results["silu_and_mul"], sglang_fl.NoImplementationError)
+    assert results["rms_norm"].decision.chosen.impl_id == "reference.rms_norm"
+
+
+def test_concurrent_first_use_gives_one_runtime_and_one_resolution(load_counter):
+    threads_n = 16
+    barrier = threading.Barrier(threads_n)
+    results: list[object] = [None] * threads_n
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            runtime = runtime_module.get_runtime()
+            results[index] = (runtime, runtime.resolve("rotary_embedding"))
+        except BaseException as exc:  # reported below, in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    assert len(load_counter) == 1
+    runtimes = {id(r[0]) for r in results}
+    resolutions = {id(r[1]) for r in results}
+    assert len(runtimes) == 1
+    assert len(resolutions) == 1
+
+
+def test_concurrent_resolution_probes_once(monkeypatch):
+    """Threads racing on a cold op with a slow probe: one probe call, one Resolution."""
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")
+    runtime = runtime_module.get_runtime()
+    calls = []
+
+    def probe():
+        calls.append(1)
+        time.sleep(0.05)
+        return Availability(True, "slow but fine")
+
+    def fn(obj, x):
+        return "vendor"
+
+    runtime.registry.register(
+        OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, fn, "slow", available=probe)
+    )
+    barrier = threading.Barrier(8)
+    seen = []
+
+    def worker():
+        barrier.wait(timeout=10)
+        seen.append(runtime.resolve("silu_and_mul"))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(seen) == 8
+    assert len({id(r) for r in seen}) == 1
+    assert seen[0].decision.chosen.impl_id == "vendor.slow"
+    assert calls == [1]
+
+
+# -- fork -----------------------------------------------------------------------------------------
+
+
+def run_in_child(body, timeout: float = 20.0) -> int:
+    """Fork; run ``body()`` in the child (its return value is the exit code); wait with a timeout.
+
+    A child that does not finish in time is killed and the test fails: that is a deadlock.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 99
+        try:
+            code = int(body())
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 98
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"forked child did not finish within {timeout}s: deadlock")
+
+
+def reference_result_ok(runtime) -> bool:
+    from types import SimpleNamespace
+
+    x = torch.randn(3, 8)
+    obj = SimpleNamespace(weight=torch.ones(8), variance_epsilon=1e-6)
+    out = runtime.resolve("rms_norm").fn(obj, x)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return torch.allclose(out, want, atol=1e-6)
+
+
+@needs_fork
+def test_forked_child_inherits_the_runtime_and_never_reloads(load_counter):
+    parent = runtime_module.get_runtime()
+    parent_id = id(parent)
+    parent.resolve("silu_and_mul")
+
+    def child() -> int:
+        runtime = runtime_module.get_runtime()
+        if id(runtime) != parent_id:
+            return 10
+        if len(load_counter) != 1:
+            return 11
+        if not reference_result_ok(runtime):  # a fresh op, resolved in the child
+            return 12
+        if runtime_module.get_runtime().resolve("rms_norm") is not runtime.resolve("rms_norm"):
+            return 13
+        return 0
+
+    assert run_in_child(child) == 0
+    assert len(load_counter) == 1
+
+
+@needs_fork
+def test_fork_while_a_thread_holds_the_runtime_lock(load_counter):
+    runtime = runtime_module.get_runtime()
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with runtime._lock:
+            holding.set()
+            release.wait(timeout=30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(timeout=10)
+
+        def child() -> int:
+            return 0 if reference_result_ok(runtime_module.get_runtime()) else 12
+
+        assert run_in_child(child) == 0
+    finally:
+        release.set()
+        holder.join(timeout=10)
+
+
+@needs_fork
+def test_fork_while_a_thread_is_loading_the_runtime(load_counter, monkeypatch):
+    """The parent's loader holds the module lock mid-load; the child loads its own runtime."""
+    started = threading.Event()
+    counting = runtime_module.load_plugins
+
+    def slow(*args, **kwargs):
+        started.set()
+        time.sleep(0.5)
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_module, "load_plugins", slow)
+    loader = threading.Thread(target=runtime_module.get_runtime)
+    loader.start()
+    try:
+        assert started.wait(timeout=10)
+
+        def child() -> int:
+            return 0 if reference_result_ok(runtime_module.get_runtime()) else 12
+
+        assert run_in_child(child) == 0
+    finally:
+        loader.join(timeout=30)
+    assert len(load_counter) == 1  # the child's load happened in the child only
+
+
+@needs_fork
+def test_fork_while_a_thread_is_probing_availability(monkeypatch):
+    """A thread resolving an op whose probe blocks holds the runtime's locks at fork time."""
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")
+    runtime = runtime_module.get_runtime()
+    probing = threading.Event()
+    release = threading.Event()
+
+    def blocking_probe():
+        probing.set()
+        release.wait(timeout=30)
+        return True
+
+    def quick_probe():
+        return Availability(False, "child probe ran")
+
+    def silu(obj, x):
+        return "slow"
+
+    def rms(obj, x, residual=None):
+        return "quick"
+
+    runtime.registry.register(
+        OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, silu, "slow", 100,
+               available=blocking_probe)
+    )  # fmt: skip
+    runtime.registry.register(
+        OpImpl("rms_norm", "vendor.quick", BackendImplKind.VENDOR, rms, "quick", 100,
+               available=quick_probe)
+    )  # fmt: skip
+    resolver = threading.Thread(target=runtime.resolve, args=("silu_and_mul",))
+    resolver.start()
+    try:
+        assert probing.wait(timeout=10)
+
+        def child() -> int:
+            resolution = runtime_module.get_runtime().resolve("rms_norm")
+            verdicts = {c.impl.impl_id: c.reason for c in resolution.decision.candidates}
+            return 0 if verdicts["vendor.quick"] == "unavailable: child probe ran" else 12
+
+        assert run_in_child(child) == 0
+    finally:
+        release.set()
+        resolver.join(timeout=10)
+    assert runtime.resolve("silu_and_mul").decision.chosen.impl_id == "vendor.slow"
