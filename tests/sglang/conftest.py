@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tiny_models import build_tiny_model
 
 HERE = Path(__file__).parent

@@ -15,17 +15,17 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang.kernels.fused_op import (  # noqa: E402
+from sglang.kernels.fused_op import (
     clear_fused_op_trace,
     disable_fused_op_trace,
     enable_fused_op_trace,
     get_fused_op_trace,
     set_fused_op_backend,
 )
-from sglang.kernels.spec import KernelBackend  # noqa: E402
-from sglang.srt.layers.activation import SiluAndMul  # noqa: E402
-from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm  # noqa: E402
-from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope  # noqa: E402
+from sglang.kernels.spec import KernelBackend
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 
 DTYPES = (torch.float32, torch.bfloat16)
 TORCH = KernelBackend.TORCH
@@ -98,7 +98,8 @@ def test_rms_norm_matches_forward_native(
     routed = layer(*clones(x, res)) if residual else layer(x.clone())
     assert routed_impl(layer) == "reference.rms_norm"
     if residual:
-        assert isinstance(routed, tuple) and len(routed) == 2
+        assert isinstance(routed, tuple)
+        assert len(routed) == 2
         torch.testing.assert_close(routed[0], native[0], rtol=0, atol=0)
         torch.testing.assert_close(routed[1], native[1], rtol=0, atol=0)
     else:
@@ -146,7 +147,8 @@ def test_rms_norm_quant_linear_argument_is_handed_to_sglang(dispatch_log: Path) 
     out = layer(x.clone(), quant_linear=linear)
     torch.testing.assert_close(out, layer(x.clone(), backend=TORCH), rtol=0, atol=0)
     rows = records(dispatch_log, event="handoff", layer="sglang.srt.layers.layernorm.RMSNorm")
-    assert len(rows) == 1 and "quant_linear" in rows[0]["reason"]
+    assert len(rows) == 1
+    assert "quant_linear" in rows[0]["reason"]
     layer(x.clone(), quant_linear=linear)
     assert len(records(dispatch_log, event="handoff", op="rms_norm")) == 1, "logged once"
 
@@ -179,7 +181,8 @@ def test_subclass_with_its_own_math_is_left_to_sglang(dispatch_log: Path) -> Non
     torch.testing.assert_close(layer(x.clone()), expected, rtol=0, atol=0)
     assert routed_impl(layer) is None
     (row,) = records(dispatch_log, event="layer", layer=f"{__name__}.OnePlusWeightNorm")
-    assert row["runner"] == "sglang" and row["op"] == "rms_norm"
+    assert row["runner"] == "sglang"
+    assert row["op"] == "rms_norm"
     assert "overrides forward_native" in row["reason"]
 
 
@@ -191,7 +194,8 @@ def test_gemma_rms_norm_is_left_to_sglang_and_reported(dispatch_log: Path) -> No
     torch.testing.assert_close(layer(x.clone()), layer(x.clone(), backend=TORCH), rtol=0, atol=0)
     assert routed_impl(layer) is None
     (row,) = records(dispatch_log, event="layer", layer="sglang.srt.layers.layernorm.GemmaRMSNorm")
-    assert row["runner"] == "sglang" and row["op"] is None
+    assert row["runner"] == "sglang"
+    assert row["op"] is None
 
 
 # --- RotaryEmbedding -----------------------------------------------------------------------
@@ -211,7 +215,7 @@ def qk(tokens: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, t
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens", [1, 7, 40])
-@pytest.mark.parametrize("head_size,rotary_dim", [(64, 64), (64, 32), (128, 64)])
+@pytest.mark.parametrize(("head_size", "rotary_dim"), [(64, 64), (64, 32), (128, 64)])
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
 @pytest.mark.parametrize("offsets", [False, True], ids=["", "offsets"])
 def test_rotary_embedding_matches_forward_native(
@@ -224,7 +228,8 @@ def test_rotary_embedding_matches_forward_native(
     native_q, native_k = layer(positions, *clones(query, key), offs, backend=TORCH)
     routed_q, routed_k = layer(positions, *clones(query, key), offs)
     assert routed_impl(layer) == "reference.rotary_embedding"
-    assert routed_q.shape == query.shape and routed_k.shape == key.shape
+    assert routed_q.shape == query.shape
+    assert routed_k.shape == key.shape
     torch.testing.assert_close(routed_q, native_q, rtol=0, atol=0)
     torch.testing.assert_close(routed_k, native_k, rtol=0, atol=0)
     if rotary_dim < head_size:  # the pass-through part of each head is untouched

@@ -1,0 +1,322 @@
+"""SGLang end to end on the CPU through sglang-fl: Engine, HTTP server, a vendor wheel.
+
+Each engine runs in its own subprocess (``engine_run.py``) with its own dispatch log, so the
+log shows what SGLang's spawned scheduler process really ran. Greedy token ids must equal
+``transformers``' and those of SGLang's own ``forward_native`` paths
+(``SGLANG_FORCE_FUSED_OP_BACKEND=torch``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_models import hf_greedy
+
+pytest.importorskip("sglang")
+
+HERE = Path(__file__).parent
+PROMPTS = ["def main():", "import os\nimport sys\n", "class Config:"]
+MAX_NEW_TOKENS = 12
+STANDARD_LAYERS = {
+    "silu_and_mul": "sglang.srt.layers.activation.SiluAndMul",
+    "rms_norm": "sglang.srt.layers.layernorm.RMSNorm",
+    "rotary_embedding": "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
+}
+ENGINE_TIMEOUT_S = 600
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """This process's environment without SGLang/sglang-fl switches, plus ``overrides``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SGLANG_FL_", "SGLANG_FORCE", "SGLANG_PLUGINS", "SGLANG_PLATFORM"))
+    }
+    env.update(overrides)
+    return env
+
+
+def run_engine(model: Path, log: Path, **env: str) -> dict[str, Any]:
+    """Generate greedily with an SGLang Engine in a subprocess; returns its JSON result."""
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_run.py"), str(model), str(MAX_NEW_TOKENS), *PROMPTS],
+        env=clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"engine failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scheduler_layers(rows: list[dict[str, Any]], main_pid: int) -> dict[str, dict[str, Any]]:
+    """Layer class -> its ``layer`` record, from the scheduler process(es) only."""
+    schedulers = {
+        r["pid"]
+        for r in rows
+        if r["pid"] != main_pid and str(r.get("proctitle") or "").startswith("sglang::scheduler")
+    }
+    assert schedulers, f"no record from an SGLang scheduler process in {rows}"
+    return {r["layer"]: r for r in rows if r["event"] == "layer" and r["pid"] in schedulers}
+
+
+@pytest.fixture(scope="module")
+def expected(models: dict[str, Path]) -> dict[str, list[list[int]]]:
+    """transformers' greedy token ids, per architecture: the ground truth."""
+    return {arch: hf_greedy(path, PROMPTS, MAX_NEW_TOKENS) for arch, path in models.items()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_engine_generates_what_transformers_generates(
+    arch: str, models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
+) -> None:
+    log = tmp_path / "dispatch.jsonl"
+    result = run_engine(models[arch], log)
+    assert result["output_ids"] == expected[arch]
+
+    rows = read_log(log)
+    plugin_pids = {r["pid"] for r in rows if r["event"] == "plugin"}
+    assert result["pid"] in plugin_pids, "the plugin loads in the main process"
+    assert len(plugin_pids) >= 3, f"main, scheduler and detokenizer load the plugin: {rows}"
+    layers = scheduler_layers(rows, result["pid"])
+    for op_name, layer in STANDARD_LAYERS.items():
+        row = layers.get(layer)
+        assert row is not None, f"the scheduler never resolved {layer}: {sorted(layers)}"
+        assert row["runner"] == "sglang-fl"
+        assert row["op"] == op_name
+        assert row["impl_id"] == f"reference.{op_name}"
+        assert row["kind"] == "reference"
+        assert row["distribution"] == "sglang-fl"
+    assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"
+
+
+def test_forced_torch_backend_gives_the_same_tokens_without_routing(
+    models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
+) -> None:
+    log = tmp_path / "dispatch.jsonl"
+    result = run_engine(models["llama"], log, SGLANG_FORCE_FUSED_OP_BACKEND="torch")
+    assert result["output_ids"] == expected["llama"]
+    rows = read_log(log)
+    assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
+    routed = [r for r in rows if r["event"] == "layer" and r["runner"] == "sglang-fl"]
+    assert routed == [], "SGLang's forced backend wins over sglang-fl's route"
+
+
+def test_sglang_plugins_whitelist_without_sglang_fl_is_honoured(tmp_path: Path) -> None:
+    """``SGLANG_PLUGINS`` naming other plugins keeps SGLang from running sglang-fl's."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.layers.activation import SiluAndMul
+        load_plugins()
+        layer = SiluAndMul()
+        layer(torch.ones(2, 8))
+        print(layer._forward_method.__name__)
+        """
+    )
+    log = tmp_path / "dispatch.jsonl"
+    env = clean_env(SGLANG_PLUGINS="someone_else", SGLANG_FL_DISPATCH_LOG=str(log))
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "forward_native"
+    assert not [r for r in read_log(log) if r["event"] == "plugin"]
+
+
+# --- HTTP server ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the server did not become healthy within {deadline_s:.0f}s")
+
+
+def test_http_server_completions_return_the_same_tokens(
+    models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "dispatch.jsonl"
+    server_log = tmp_path / "server.log"
+    command = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(models["llama"]),
+        "--device", "cpu",
+        "--dtype", "float32",
+        "--max-total-tokens", "4096",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    with server_log.open("wb") as out:
+        proc = subprocess.Popen(
+            command,
+            env=clean_env(SGLANG_FL_DISPATCH_LOG=str(log)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            try:
+                wait_healthy(f"{base}/health", proc, deadline_s=ENGINE_TIMEOUT_S)
+            except AssertionError as exc:
+                pytest.fail(f"{exc}\n{server_log.read_text()[-6000:]}")
+            for prompt, want in zip(PROMPTS, expected["llama"], strict=True):
+                reply = post_json(
+                    f"{base}/v1/completions",
+                    {
+                        "model": str(models["llama"]),
+                        "prompt": prompt,
+                        "max_tokens": MAX_NEW_TOKENS,
+                        "temperature": 0,
+                        "return_token_ids": True,
+                    },
+                )
+                assert reply["choices"][0]["token_ids"] == want
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    layers = scheduler_layers(read_log(log), main_pid=proc.pid)
+    assert {layers[name]["runner"] for name in STANDARD_LAYERS.values()} == {"sglang-fl"}
+
+
+# --- a vendor wheel installed beside core --------------------------------------------------
+
+VENDOR_MODULE = '''
+"""A throwaway vendor: the reference math, recording in which process each op first ran."""
+import json
+import os
+
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl
+from sglang_fl.ops import STANDARD_OPS
+
+
+def _recording(op_name, math):
+    first = True
+
+    def fn(*args, **kwargs):
+        nonlocal first
+        if first:
+            first = False
+            with open(os.environ["PROBE_VENDOR_CALLS"], "a") as out:
+                out.write(json.dumps({"op": op_name, "pid": os.getpid()}) + "\\n")
+        return math(*args, **kwargs)
+
+    return fn
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register_many(
+        OpImpl(op_name=name, impl_id=f"vendor.probe.{name}", kind=BackendImplKind.VENDOR,
+               fn=_recording(name, contract.reference), vendor="probe",
+               priority=BackendPriority.VENDOR)
+        for name, contract in STANDARD_OPS.items()
+    )
+'''
+
+VENDOR_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang-fl-probe"
+version = "0.0.1"
+dependencies = ["sglang-fl"]
+
+[project.entry-points."sglang_fl.backends"]
+probe = "sglang_fl_probe"
+"""
+
+
+@pytest.fixture(scope="module")
+def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probe vendor built as a real wheel and pip-installed into a directory of its own."""
+    root = tmp_path_factory.mktemp("probe-vendor")
+    source = root / "src"
+    (source / "sglang_fl_probe").mkdir(parents=True)
+    (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
+    (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
+    wheels, site = root / "wheels", root / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
+        check=True,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    return site
+
+
+def test_vendor_wheel_is_called_inside_the_scheduler(
+    models: dict[str, Path],
+    expected: dict[str, list[list[int]]],
+    vendor_site: Path,
+    tmp_path: Path,
+) -> None:
+    log, calls = tmp_path / "dispatch.jsonl", tmp_path / "calls.jsonl"
+    pythonpath = os.pathsep.join(filter(None, [str(vendor_site), os.environ.get("PYTHONPATH")]))
+    result = run_engine(models["llama"], log, PYTHONPATH=pythonpath, PROBE_VENDOR_CALLS=str(calls))
+    assert result["output_ids"] == expected["llama"]
+    layers = scheduler_layers(read_log(log), result["pid"])
+    scheduler_pids = {layers[name]["pid"] for name in STANDARD_LAYERS.values()}
+    for op_name, layer in STANDARD_LAYERS.items():
+        row = layers[layer]
+        assert row["impl_id"] == f"vendor.probe.{op_name}"
+        assert (row["kind"], row["vendor"]) == ("vendor", "probe")
+        assert (row["distribution"], row["version"]) == ("sglang-fl-probe", "0.0.1")
+        assert f"reference.{op_name}" in row["fallbacks"]
+    called = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert {c["op"] for c in called} == set(STANDARD_LAYERS)
+    assert {c["pid"] for c in called} <= scheduler_pids, "the vendor ran in the scheduler"
+    assert result["pid"] not in {c["pid"] for c in called}
