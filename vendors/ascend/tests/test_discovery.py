@@ -1,0 +1,159 @@
+"""Packaging and discovery: the installed wheel is found, loads, and explains why it is unused.
+
+Each check runs in a fresh interpreter (the CLI, or ``python -c``), as a user meets the plugin.
+torch-npu is never installed here: an Ascend machine is simulated with the test double.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import sglang_fl_ascend
+
+from sglang_fl.ops import STANDARD_OPS
+
+TESTS = Path(__file__).parent
+
+
+def run(command: list[str], *paths: Path) -> Any:
+    """Run ``command`` (``paths`` and the double first on its path); it prints one JSON document."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (*paths, TESTS))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def cli(*args: str) -> Any:
+    script = Path(sys.executable).with_name("sglang-fl")
+    return run(
+        [*([str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl"]), *args]
+    )
+
+
+def python(code: str, *paths: Path) -> Any:
+    return run([sys.executable, "-c", textwrap.dedent(code)], *paths)
+
+
+def ascend_candidate(decision: dict[str, Any]) -> dict[str, Any]:
+    (mine,) = [c for c in decision["candidates"] if c["plugin"] == "ascend"]
+    return mine
+
+
+def test_listed_from_its_distribution_and_loaded_through_register_builtins() -> None:
+    (plugin,) = [p for p in cli("plugins", "--json")["plugins"] if p["name"] == "ascend"]
+    assert plugin == {
+        "name": "ascend",
+        "module": "sglang_fl_ascend.register_ops",
+        "distribution": "sglang-fl-ascend",
+        "version": sglang_fl_ascend.__version__,
+        "status": "loaded",
+        "hooks": ["sglang_fl_register_ops"],  # the loader's adapter for the seed layout
+        "error": None,
+        "builtin": False,
+    }
+
+
+def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> None:
+    decisions = {d["op"]: d for d in cli("ops", "--json")["ops"]}
+    assert set(decisions) == set(STANDARD_OPS)
+    for op, decision in decisions.items():
+        assert decision["chosen"] == f"reference.{op}"
+        mine = ascend_candidate(decision)
+        assert mine["impl_id"] == "vendor.ascend"
+        assert mine["distribution"] == "sglang-fl-ascend"
+        assert mine["outcome"] == "rejected"
+        assert mine["available"] is False
+        assert mine["availability_reason"] == (
+            "torch_npu import failed: ModuleNotFoundError: No module named 'torch_npu'"
+        )
+
+
+def test_explain_names_the_reason() -> None:
+    decision = cli("explain", "silu_and_mul", "--json")
+    assert decision["chosen"] == "reference.silu_and_mul"
+    assert ascend_candidate(decision)["availability_reason"].startswith("torch_npu import failed")
+
+
+def test_sdk_is_imported_by_the_first_probe_not_by_loading() -> None:
+    found = python(
+        """
+        import json, sys
+        import sglang_fl_ascend.register_ops
+        steps = ["torch_npu" in sys.modules]
+        from sglang_fl.runtime import get_runtime
+        runtime = get_runtime()
+        steps.append("torch_npu" in sys.modules)
+        from torch_npu_double import TorchNpuDouble
+        sys.modules["torch_npu"] = TorchNpuDouble(devices=1)
+        chosen = runtime.resolve("rms_norm").decision.chosen.impl_id
+        print(json.dumps({"before_probe": steps, "chosen": chosen}))
+        """
+    )
+    assert found == {"before_probe": [False, False], "chosen": "vendor.ascend"}
+
+
+def test_sdk_without_a_visible_npu() -> None:
+    found = python(
+        """
+        import json, sys
+        from torch_npu_double import TorchNpuDouble
+        sys.modules["torch_npu"] = TorchNpuDouble(devices=0)
+        from sglang_fl.runtime import get_runtime
+        print(json.dumps(get_runtime().resolve("rms_norm").decision.to_dict()))
+        """
+    )
+    assert found["chosen"] == "reference.rms_norm"
+    assert ascend_candidate(found)["availability_reason"] == (
+        "no NPU visible (torch_npu imported but found no Ascend driver or device)"
+    )
+
+
+def test_sdk_without_cann_says_the_import_failed(tmp_path: Path) -> None:
+    # An installed torch_npu on a machine without CANN: its native libraries do not load.
+    broken = tmp_path / "torch_npu"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        'raise ImportError("libhccl.so: cannot open shared object file")\n'
+    )
+    found = python(
+        """
+        import json
+        from sglang_fl.runtime import get_runtime
+        print(json.dumps(get_runtime().resolve("silu_and_mul").decision.to_dict()))
+        """,
+        tmp_path,
+    )
+    assert ascend_candidate(found)["availability_reason"] == (
+        "torch_npu import failed: ImportError: libhccl.so: cannot open shared object file"
+    )
+
+
+def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
+    found = python(
+        """
+        import json, sys
+        import torch
+        from torch_npu_double import TorchNpuDouble
+        double = sys.modules["torch_npu"] = TorchNpuDouble(devices=2)
+        from sglang_fl.runtime import get_runtime
+        runtime = get_runtime()
+        decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
+        out = runtime.resolve("silu_and_mul").fn(None, torch.randn(2, 8))
+        print(json.dumps({"decisions": decisions, "calls": [c[0] for c in double.calls],
+                          "shape": list(out.shape)}))
+        """
+    )
+    for op, decision in found["decisions"].items():
+        assert decision["chosen"] == "vendor.ascend", op
+        assert ascend_candidate(decision)["availability_reason"] == (
+            "torch_npu 0.0.0+double imported; 2 NPUs"
+        )
+    assert found["calls"] == ["npu_swiglu"]
+    assert found["shape"] == [2, 4]
