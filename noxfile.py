@@ -27,7 +27,7 @@ TORCH_SGLANG = ("torch==2.14.1", "torchvision==0.29.1")
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross"]
+nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit"]
 
 
 def distribution_dirs() -> dict[str, Path]:
@@ -117,3 +117,16 @@ def cross(session: nox.Session) -> None:
     built = build(session, "core")
     session.install(str(built["core"]), "pytest", "build", "setuptools>=77")
     session.run("pytest", "tests/cross", *session.posargs)
+
+
+@nox.session
+def kit(session: nox.Session) -> None:
+    """Vendor kit end to end: new-vendor, one op, wheel, fresh venv, conformance, `ops`.
+
+    The test makes its own fresh venv (core wheel + torch) the way a chip maker would; this
+    session only builds the core wheel and runs pytest.
+    """
+    built = build(session, "core")
+    session.install("pytest")
+    env = {"KIT_CORE_WHEEL": str(built["core"]), "KIT_TORCH": TORCH_CPU}
+    session.run("pytest", "tests/kit", *session.posargs, env=env)

@@ -1,0 +1,182 @@
+"""End to end, as a chip maker: ``new-vendor``, one op in pure PyTorch, wheel, fresh venv, kit.
+
+Runs the commands of ``docs/publishing-a-vendor-wheel.md`` as written (a test below checks
+that the document shows each of them), in a fresh ``python -m venv`` holding only the core
+wheel, torch, pytest and build. The core wheel is ``$KIT_CORE_WHEEL`` (the ``kit`` nox session
+builds it) or is built here from ``core/``; torch is ``$KIT_TORCH`` (nox passes its CPU pin).
+About two minutes, most of it installing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "publishing-a-vendor-wheel.md"
+TORCH = os.environ.get("KIT_TORCH", "torch==2.13.0")  # the CPU build on this machine's disk
+
+# The walkthrough's commands, in order; each must appear verbatim in the document.
+NEW_VENDOR = "sglang-fl new-vendor my_chip"
+DEVELOP = 'pip install -e ".[test]"'
+TEST = "pytest"
+TEST_ONE_OP = "pytest --sglang-fl-conformance=my_chip:silu_and_mul"
+BUILD = "python -m build"
+INSTALL = "pip install dist/sglang_fl_my_chip-0.1.0-py3-none-any.whl"
+OPS = "sglang-fl ops"
+OPS_JSON = "sglang-fl ops --json"
+COMMANDS = (NEW_VENDOR, DEVELOP, TEST, TEST_ONE_OP, BUILD, INSTALL, OPS, OPS_JSON)
+
+PACKAGE = "src/sglang_fl_my_chip"
+SILU_AND_MUL = '''\
+"""``silu_and_mul`` on my_chip: ``x`` ``[num_tokens, 2*d]`` -> new ``[num_tokens, d]``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+'''
+# The halves swapped: the kind of bug the kit is there to catch.
+BROKEN = SILU_AND_MUL.replace("F.silu(x[..., :d]) * x[..., d:]", "F.silu(x[..., d:]) * x[..., :d]")
+PROBE_STUB = 'return Availability(False, "my_chip: no availability probe written yet (backend.py)")'
+PROBE = 'return Availability(True, "pure PyTorch: runs wherever torch runs")'
+
+
+def test_document_shows_the_commands_this_test_runs() -> None:
+    text = DOC.read_text()
+    missing = [command for command in COMMANDS if command not in text]
+    assert missing == [], f"{DOC.name} lacks these commands the walkthrough test runs"
+    for snippet in (PROBE, SILU_AND_MUL.split("\n\n\n")[-1].strip()):
+        assert snippet in text, f"{DOC.name} lacks the code the walkthrough test writes"
+
+
+class Shell:
+    """Runs walkthrough commands in a fresh venv (its ``bin`` first on ``PATH``), like a user."""
+
+    def __init__(self, venv_dir: Path) -> None:
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SGLANG_FL_") and k not in {"PYTHONPATH", "PYTHONHOME"}
+        }
+        self.env["VIRTUAL_ENV"] = str(venv_dir)
+        self.env["PATH"] = f"{venv_dir / 'bin'}{os.pathsep}{self.env.get('PATH', '')}"
+
+    def __call__(self, command: str, cwd: Path, *, ok: bool = True) -> str:
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = done.stdout + done.stderr
+        if ok and done.returncode != 0:
+            pytest.fail(f"`{command}` exited {done.returncode}:\n{output[-6000:]}", pytrace=False)
+        if not ok and done.returncode == 0:
+            pytest.fail(f"`{command}` should have failed:\n{output[-6000:]}", pytrace=False)
+        return output
+
+
+def core_wheel(tmp_path: Path) -> Path:
+    given = os.environ.get("KIT_CORE_WHEEL")
+    if given:
+        return Path(given)
+    out = tmp_path / "core-dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)],
+        cwd=ROOT / "core",
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("sglang_fl-*.whl")
+    return wheel
+
+
+def summary(output: str) -> dict[str, int]:
+    """pytest's closing line as counts: ``{"passed": 58, "skipped": 0, ...}``."""
+    last = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)][-1]
+    return {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", last)}
+
+
+def test_walkthrough(tmp_path: Path) -> None:
+    venv_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(venv_dir)
+    sh = Shell(venv_dir)
+    sh(f"pip install -q '{core_wheel(tmp_path)}' {TORCH} numpy pytest build", tmp_path)
+
+    # 1. Generate; as generated, it installs and its tests pass (the chip is "unavailable").
+    sh(NEW_VENDOR, tmp_path)
+    project = tmp_path / "sglang-fl-my-chip"
+    sh(DEVELOP, project)
+    out = sh(TEST, project)
+    assert summary(out) == {"passed": 6, "skipped": 3}, out
+    assert "my_chip: no availability probe written yet (backend.py)" in out
+
+    # 2. One op in pure PyTorch: the kernel, an availability probe, and only that op registered.
+    (project / PACKAGE / "impl" / "activation.py").write_text(SILU_AND_MUL)
+    backend = project / PACKAGE / "backend.py"
+    assert PROBE_STUB in backend.read_text()
+    backend.write_text(backend.read_text().replace(PROBE_STUB, PROBE))
+    register = project / PACKAGE / "register_ops.py"
+    register.write_text(
+        "".join(
+            line
+            for line in register.read_text().splitlines(keepends=True)
+            if "rms_norm" not in line and "rotary_embedding" not in line
+        )
+    )
+    plugin_test = project / "tests" / "test_my_chip_plugin.py"
+    plugin_test.write_text(
+        re.sub(
+            r"(?m)^REGISTERED_OPS = .*$",
+            'REGISTERED_OPS = {"silu_and_mul"}',
+            plugin_test.read_text(),
+        )
+    )
+    out = sh(TEST, project)
+    # 2 discovery tests; kit: plugin, signature, 18 cases x 3 dtypes.
+    assert summary(out) == {"passed": 2 + 1 + 1 + 54}, out
+
+    # 3. Broken on purpose: the failure names vendor, op, case, dtype and the errors.
+    (project / PACKAGE / "impl" / "activation.py").write_text(BROKEN)
+    out = sh(TEST_ONE_OP, project, ok=False)
+    assert summary(out) == {"failed": 54, "passed": 2 + 2}, out
+    assert re.search(
+        r"vendor 'my_chip' \(sglang-fl-my-chip 0\.1\.0\), op 'silu_and_mul', "
+        r"impl 'vendor\.my_chip', case 'tokens=7,d=128,strided', dtype bfloat16, device cpu:\n"
+        r"\s+output: max abs error [0-9.e+-]+, max rel error [0-9.e+-]+ "
+        r"\(atol=0\.016, rtol=0\.016\)",
+        out,
+    ), out
+    (project / PACKAGE / "impl" / "activation.py").write_text(SILU_AND_MUL)
+
+    # 4. The wheel: built, installed over the editable install, tested, and chosen.
+    sh(BUILD, project)
+    sh(INSTALL, project)
+    location = sh("pip show -f sglang-fl-my-chip", project)
+    assert "sglang_fl_my_chip/impl/activation.py" in location  # files of the wheel, not a link
+    out = sh(TEST, project)
+    assert summary(out) == {"passed": 58}, out
+    table = sh(OPS, project)
+    assert re.search(r"silu_and_mul\s+\*vendor\.my_chip\s", table), table
+    ops = {report["op"]: report for report in json.loads(sh(OPS_JSON, project))["ops"]}
+    chosen = ops["silu_and_mul"]["candidates"][0]
+    assert (chosen["impl_id"], chosen["outcome"]) == ("vendor.my_chip", "chosen")
+    assert (chosen["plugin"], chosen["distribution"]) == ("my_chip", "sglang-fl-my-chip")
+    assert ops["rms_norm"]["chosen"] == "reference.rms_norm"
