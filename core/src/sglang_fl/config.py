@@ -257,7 +257,11 @@ def _read_config_file(path: Path, variable: str) -> dict[str, Any]:
             data = tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{variable}={str(path)!r}: file not found") from None
-    except tomllib.TOMLDecodeError as exc:
+    except OSError as exc:  # a directory, no permission, ...
+        raise ConfigError(
+            f"{variable}={str(path)!r}: cannot be read ({exc.strerror or exc})"
+        ) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{variable}={str(path)!r}: not valid TOML ({exc})") from None
     for key in data:
         if key not in _BY_KEY:
