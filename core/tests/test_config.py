@@ -308,6 +308,18 @@ def test_invalid_toml(tmp_path):
     assert f"SGLANG_FL_CONFIG={path!r}: not valid TOML" in message
 
 
+def test_config_path_is_a_directory(tmp_path):
+    message = config_error(config=str(tmp_path))
+    assert message == f"SGLANG_FL_CONFIG={str(tmp_path)!r}: cannot be read (Is a directory)"
+
+
+def test_config_file_not_utf8(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('prefer = "vendor:caf\xe9"\n'.encode("latin-1"))
+    message = config_error(config=str(path))
+    assert f"SGLANG_FL_CONFIG={str(path)!r}: not valid TOML" in message
+
+
 def test_empty_config_variable_means_no_file():
     s = settings(config="  ")
     assert s.config_file is None
