@@ -184,6 +184,9 @@ def _load_entry_point(
     try:
         pm.register(plugin, name=ep.name)
     except pluggy.PluginValidationError as exc:
+        # pluggy < 1.7 keeps the hooks it added before the invalid one: remove those too.
+        if pm.is_registered(plugin):
+            pm.unregister(plugin)
         return _failed(record, f"invalid hook implementation: {exc}")
     unknown = [h.name for h in pm.get_hookcallers(plugin) or () if not h.has_spec()]
     if unknown:
