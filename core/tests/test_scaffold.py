@@ -127,6 +127,17 @@ def test_new_vendor_refuses_a_missing_parent(tmp_path: Path) -> None:
         new_vendor("acme_npu", tmp_path / "no" / "project")
 
 
+def test_new_vendor_reports_an_unwritable_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(**kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(kwargs["dir"]))
+
+    monkeypatch.setattr(scaffold.tempfile, "mkdtemp", denied)
+    with pytest.raises(ScaffoldError, match=r"cannot create .*/p: .*Permission denied"):
+        new_vendor("acme_npu", tmp_path / "p")
+
+
 def test_new_vendor_refuses_a_name_an_installed_vendor_uses(plugin_site, tmp_path: Path) -> None:
     plugin_site.plugin("acme", "def register_builtins(registry):\n    pass\n", version="2.0")
     with pytest.raises(ScaffoldError) as info:

@@ -170,7 +170,10 @@ def new_vendor(name: str, directory: Path | None = None) -> tuple[Path, list[Pat
         )
     if not target.parent.is_dir():
         raise ScaffoldError(f"parent directory {target.parent} does not exist")
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        raise ScaffoldError(f"cannot create {target}: {exc}") from exc
     try:
         files = render(names, staging)
         if target.exists():
