@@ -17,7 +17,7 @@ class AvailabilityCache:
     """Memoises probe results by probe (bound methods of one backend share one entry)."""
 
     def __init__(self) -> None:
-        self._results: dict[Callable[[], object], Availability] = {}
+        self._results: dict[object, Availability] = {}
         self._lock = threading.Lock()
 
     def check(self, impl: OpImpl) -> Availability:
@@ -25,10 +25,20 @@ class AvailabilityCache:
         if probe is None:
             return Availability(True, "no availability probe: always available")
         with self._lock:
-            cached = self._results.get(probe)
+            key = _key(probe)
+            cached = self._results.get(key)
             if cached is None:
-                cached = self._results[probe] = _run(probe, impl)
+                cached = self._results[key] = _run(probe, impl)
             return cached
+
+
+def _key(probe: Callable[[], object]) -> object:
+    """The probe itself (equal bound methods share an entry), or its identity if unhashable."""
+    try:
+        hash(probe)
+    except TypeError:  # e.g. a callable dataclass instance: eq without hash
+        return ("unhashable probe", id(probe))
+    return probe
 
 
 def _run(probe: Callable[[], object], impl: OpImpl) -> Availability:
