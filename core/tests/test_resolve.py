@@ -330,6 +330,28 @@ def test_probe_runs_at_most_once_per_process():
     assert calls == [1]
 
 
+def test_unhashable_probe_object_is_probed_once():
+    """A callable dataclass instance (``eq`` without ``hash``) is a valid probe."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class DeviceProbe:
+        device: str
+        calls: list = field(default_factory=list)
+
+        def __call__(self):
+            self.calls.append(1)
+            return Availability(False, f"{self.device}: not found")
+
+    probe = DeviceProbe("npu0")
+    cache = AvailabilityCache()
+    impls = [impl("vendor.npu", VENDOR, vendor="npu", available=probe), *ref()]
+    for _ in range(2):
+        r = run(impls, availability=cache)
+        assert candidate(r, "vendor.npu").reason == "unavailable: npu0: not found"
+    assert probe.calls == [1]
+
+
 def test_probe_not_called_for_denied_or_unordered_candidates():
     calls = []
 
