@@ -130,3 +130,67 @@ def kit(session: nox.Session) -> None:
     session.install("pytest")
     env = {"KIT_CORE_WHEEL": str(built["core"]), "KIT_TORCH": TORCH_CPU}
     session.run("pytest", "tests/kit", *session.posargs, env=env)
+
+
+# SGLang for the benchmarks: the package without its CUDA-only pins, then what importing its
+# layers needs (the recipe in the project notes on SGLang on CPU-only machines).
+BENCH_SGLANG = "sglang==0.5.23"
+BENCH_SGLANG_DEPS = (
+    "numpy",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "packaging",
+    "pillow",
+    "starlette",
+    "msgspec",
+    "pyzmq",
+    "tqdm",
+    "ipython",
+    "pydantic",
+    "aiohttp",
+    "dill",
+    "gguf",
+    "transformers==5.19.0",
+    "tokenizers==0.23.2",
+    "apache-tvm-ffi==0.1.11",
+    "sentencepiece==0.2.1",
+    "compressed-tensors==0.18.0",
+    "triton==3.8.0",
+    "fastapi",
+    "uvicorn",
+    "uvloop",
+    "setproctitle",
+    "python-multipart",
+    "jsonschema",
+    "einops",
+    "partial-json-parser",
+    "openai==2.8.0",
+    "openai-harmony==0.0.4",
+    "xgrammar==0.2.7",
+    "soundfile==0.13.1",
+)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks (not part of the test command): per-call overhead, start-up, reference speed.
+
+    Two environments: this session's (SGLang, every sglang-fl wheel, matplotlib) and a small
+    one for the start-up measurements (CPU torch and the wheels). Writes
+    benchmarks/results/latest.{json,md} and startup.png and prints the tables;
+    ``-- --update-readme`` also refreshes the README's table, ``-- --quick`` is a shorter run.
+    """
+    session.install(*TORCH_SGLANG)
+    session.install("--no-deps", BENCH_SGLANG)
+    session.install(*BENCH_SGLANG_DEPS, "matplotlib")
+    wheels = [str(wheel) for wheel in build(session, *distribution_dirs()).values()]
+    session.install(*wheels)
+    startup_venv = Path(session.create_tmp()) / "startup-venv"
+    session.run("python", "-m", "venv", "--clear", str(startup_venv))
+    startup_python = str(startup_venv / "bin" / "python")
+    pip_install = [startup_python, "-m", "pip", "install", "--quiet"]
+    session.run(*pip_install, TORCH_CPU, "numpy", *wheels, external=True)
+    run = ["python", "benchmarks/run.py", "--startup-python", startup_python]
+    session.run(*run, *session.posargs)
