@@ -47,6 +47,16 @@ def test_resolutions_are_cached(load_counter):
     assert first.fn is runtime_module.get_runtime().resolve("rms_norm").fn
 
 
+def test_bound_fn_is_the_reference_itself_without_fallbacks(load_counter):
+    from sglang_fl.ops import STANDARD_OPS
+
+    runtime = runtime_module.get_runtime()
+    for op, contract in STANDARD_OPS.items():
+        resolution = runtime.resolve(op)
+        assert resolution.fn is contract.reference
+        assert resolution.decision.fallbacks == ()
+
+
 def test_reset_runtime_reloads_with_new_settings(load_counter, monkeypatch):
     first = runtime_module.get_runtime()
     assert first.config.prefer is None
