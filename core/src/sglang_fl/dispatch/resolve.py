@@ -125,7 +125,7 @@ def resolve(
 
     survivors.sort(key=lambda s: s[:3])
     best_rank, best_priority, _, chosen, chosen_state = survivors[0]
-    _check_strict(op_name, policy, verdicts, best_rank)
+    _check_explicit_choice(op_name, policy, verdicts, best_rank, chosen)
     ranked_verdicts = [
         CandidateVerdict(chosen, CHOSEN, _chosen_reason(order, best_rank), chosen_state)
     ]
@@ -156,11 +156,16 @@ def _chosen_reason(order: tuple[Any, ...], rank: int) -> str:
     return f"first available candidate: matches {order[rank]} (position {rank + 1} of the order)"
 
 
-def _check_strict(
-    op_name: str, policy: SelectionPolicy, rejected: list[CandidateVerdict], best_rank: int
+def _check_explicit_choice(
+    op_name: str,
+    policy: SelectionPolicy,
+    rejected: list[CandidateVerdict],
+    best_rank: int,
+    chosen: OpImpl,
 ) -> None:
-    """Under STRICT, an explicit choice that fell through to a later token is an error."""
-    if not policy.settings.strict or not policy.is_explicit(op_name) or best_rank == 0:
+    """An explicit choice that fell through to a later token: an error under STRICT, else a
+    warning (once per op, since resolutions are cached)."""
+    if not policy.is_explicit(op_name) or best_rank == 0:
         return
     first = policy.order_for(op_name)[0]
     reasons = [
@@ -169,9 +174,14 @@ def _check_strict(
         if (ranked := policy.rank(op_name, v.impl)) is not None and ranked[0] == 0
     ]
     detail = "; ".join(reasons) if reasons else "no implementation matches it"
-    raise StrictModeError(
-        f"SGLANG_FL_STRICT=1: op {op_name!r} was asked to use {first} "
-        f"({policy.order_source(op_name)}) but cannot ({detail})"
+    message = (
+        f"op {op_name!r} was asked to use {first} ({policy.order_source(op_name)}) "
+        f"but cannot ({detail})"
+    )
+    if policy.settings.strict:
+        raise StrictModeError(f"SGLANG_FL_STRICT=1: {message}")
+    _log.warning(
+        "%s; using %s instead (SGLANG_FL_STRICT=1 makes this an error)", message, chosen.impl_id
     )
 
 
