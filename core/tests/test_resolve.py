@@ -489,9 +489,24 @@ def test_strict_without_explicit_choice_falls_back_silently_in_the_default_order
     assert r.decision.chosen.impl_id == "reference.silu"
 
 
-def test_non_strict_explicit_choice_falls_through():
+def test_non_strict_explicit_choice_falls_through_with_a_warning(caplog):
     impls = [impl("vendor.cuda", VENDOR, vendor="cuda", available=lambda: False), *ref()]
-    assert run(impls, prefer="vendor:cuda").decision.chosen.impl_id == "reference.silu"
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.resolve"):
+        assert run(impls, prefer="vendor:cuda").decision.chosen.impl_id == "reference.silu"
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "op 'silu_and_mul' was asked to use vendor:cuda (environment SGLANG_FL_PREFER) but "
+        "cannot (vendor.cuda: unavailable: probe reported unavailable); using reference.silu "
+        "instead (SGLANG_FL_STRICT=1 makes this an error)"
+    )
+
+
+def test_default_order_falling_through_is_silent(caplog):
+    impls = [impl("vendor.cuda", VENDOR, vendor="cuda", available=lambda: False), *ref()]
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.resolve"):
+        assert run(impls).decision.chosen.impl_id == "reference.silu"
+        assert run(impls, prefer="reference").decision.chosen.impl_id == "reference.silu"
+    assert caplog.records == []
 
 
 def test_strict_binds_chosen_fn_directly_and_unsupported_propagates():
