@@ -27,7 +27,7 @@ TORCH_SGLANG = ("torch==2.14.1", "torchvision==0.29.1")
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit"]
+nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit", "sglang"]
 
 
 def distribution_dirs() -> dict[str, Path]:
@@ -194,3 +194,30 @@ def bench(session: nox.Session) -> None:
     session.run(*pip_install, TORCH_CPU, "numpy", *wheels, external=True)
     run = ["python", "benchmarks/run.py", "--startup-python", startup_python]
     session.run(*run, *session.posargs)
+
+
+def install_sglang(session: nox.Session) -> Path:
+    """SGLang 0.5.23 on the CPU (the notes' recipe) and the core wheel; returns the wheel."""
+    session.install(*TORCH_SGLANG)
+    session.install("--no-deps", BENCH_SGLANG)
+    session.install(*BENCH_SGLANG_DEPS)
+    core = build(session, "core")["core"]
+    # --force-reinstall: a reused demo venv must run this checkout's core, not an older wheel.
+    session.install("--force-reinstall", "--no-deps", str(core))
+    session.install(str(core))  # its own dependencies (pluggy, ...)
+    return core
+
+
+@nox.session
+def sglang(session: nox.Session) -> None:
+    """SGLang through sglang-fl on the CPU: layers, Engine, HTTP server, a vendor wheel."""
+    install_sglang(session)
+    session.install("pytest")
+    session.run("pytest", "tests/sglang", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: a tiny model built offline, SGLang generating on the CPU, the report."""
+    install_sglang(session)
+    session.run("python", "scripts/demo.py", *session.posargs)
