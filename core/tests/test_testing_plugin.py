@@ -241,6 +241,20 @@ def test_selector_for_another_vendor_deselects(vendors, pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(["*deselected by --sglang-fl-conformance=ghost*"])
 
 
+def test_selector_without_conformance_tests_says_what_would_run_them(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile("def test_unrelated():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang-fl-conformance=acme")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "--sglang-fl-conformance=acme: no sglang-fl conformance test was collected; run "
+            "`pytest --pyargs sglang_fl.testing.suite --sglang-fl-conformance=acme`*"
+        ]
+    )
+
+
 def test_unknown_op_in_selector_is_a_usage_error(vendors, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_acme="""

@@ -70,3 +70,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     else:
         checks = plan(vendor or wanted_vendor, op or wanted_op, device or "cpu")
     metafunc.parametrize(PARAMETER, checks, ids=[check.id for check in checks])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A selector with no conformance test to narrow is a mistake: say what would run one."""
+    option = session.config.getoption("--sglang-fl-conformance")
+    if not option or any(item.get_closest_marker(MARKER) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"--sglang-fl-conformance={option}: no sglang-fl conformance test was collected; "
+            f"run `pytest --pyargs sglang_fl.testing.suite --sglang-fl-conformance={option}` "
+            "or bind sglang_fl.testing.conformance_tests() in a test module",
+            yellow=True,
+        )
