@@ -255,6 +255,11 @@ def _recording(op_name, math):
 
 
 @hookimpl
+def sglang_fl_platform():
+    return os.environ.get("PROBE_VENDOR_PLATFORM") or None
+
+
+@hookimpl
 def sglang_fl_register_ops(registry):
     registry.register_many(
         OpImpl(op_name=name, impl_id=f"vendor.probe.{name}", kind=BackendImplKind.VENDOR,
@@ -263,6 +268,15 @@ def sglang_fl_register_ops(registry):
         for name, contract in STANDARD_OPS.items()
     )
 '''
+
+VENDOR_PLATFORM_MODULE = """
+from sglang_fl.integrations.sglang.platform import SglangFlCpuPlatform
+
+
+class ProbePlatform(SglangFlCpuPlatform):
+    def get_dispatch_key_name(self):
+        return "probe"
+"""
 
 VENDOR_PYPROJECT = """
 [build-system]
@@ -286,6 +300,7 @@ def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = root / "src"
     (source / "sglang_fl_probe").mkdir(parents=True)
     (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
+    (source / "sglang_fl_probe" / "platform.py").write_text(VENDOR_PLATFORM_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
     wheels, site = root / "wheels", root / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -320,3 +335,19 @@ def test_vendor_wheel_is_called_inside_the_scheduler(
     assert {c["op"] for c in called} == set(STANDARD_LAYERS)
     assert {c["pid"] for c in called} <= scheduler_pids, "the vendor ran in the scheduler"
     assert result["pid"] not in {c["pid"] for c in called}
+
+
+def test_platform_declared_by_a_vendor_is_what_sglang_activates(vendor_site: Path) -> None:
+    script = (
+        "from sglang.srt.platforms import current_platform as p; "
+        "print(type(p).__qualname__, p.get_dispatch_key_name(), p.is_out_of_tree())"
+    )
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(vendor_site), os.environ.get("PYTHONPATH")])),
+        PROBE_VENDOR_PLATFORM="sglang_fl_probe.platform:ProbePlatform",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ProbePlatform probe True"

@@ -1,0 +1,39 @@
+"""sglang-fl's platform entry point and its SGLang API detection, in this (CPU-only) process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang.kernels.fused_op import BaseFusedOp
+
+from sglang_fl.integrations.sglang import compat, platform
+
+
+def test_cpu_machine_gets_sglang_fls_cpu_platform(router: Any) -> None:
+    from sglang.srt.platforms import current_platform
+
+    assert platform.in_tree_accelerator() is None, "these tests expect a machine without one"
+    assert platform.activate() == platform.CPU_PLATFORM
+    assert type(current_platform).__name__ == "SglangFlCpuPlatform"
+    assert current_platform.is_out_of_tree()
+    assert current_platform.device_type == "cpu"
+    assert current_platform.get_dispatch_key_name() == platform.DISPATCH_KEY
+
+
+def test_sglang_cpu_engine_request_is_left_to_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    assert platform.activate() is None
+
+
+def test_missing_hook_point_names_the_sglang_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SGLang without the per-instance resolution step (older or newer) fails clearly."""
+    monkeypatch.delattr(BaseFusedOp, "_resolve_forward_method")
+    with pytest.raises(compat.SglangApiError) as excinfo:
+        compat.find_sglang_api()
+    message = str(excinfo.value)
+    assert f"found SGLang {compat.sglang_version()}" in message
+    assert "_resolve_forward_method" in message
