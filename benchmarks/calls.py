@@ -219,13 +219,14 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
             f"{forward!r}); see the sglang-fl dispatch report"
         )
     diffs = check_same_math(case, inputs, layer, KernelBackend.TORCH)
+    # Listed so that every compared pair runs back to back in the rotating order.
     variants = {
-        "direct": Call(reference, inputs.op_args),
-        "bound": Call(resolution.fn, inputs.op_args),
         "bound_fallback": Call(fallback_chain(op_name), inputs.op_args),
-        "routed_layer": Call(layer, inputs.layer_args),
-        "torch_layer": Call(layer, inputs.layer_args, {"backend": KernelBackend.TORCH}),
+        "bound": Call(resolution.fn, inputs.op_args),
+        "direct": Call(reference, inputs.op_args),
         "forward_native": Call(layer.forward_native, inputs.layer_args),
+        "torch_layer": Call(layer, inputs.layer_args, {"backend": KernelBackend.TORCH}),
+        "routed_layer": Call(layer, inputs.layer_args),
     }
     with torch.inference_mode():
         samples = interleaved(variants, repetitions=repetitions)

@@ -94,8 +94,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             "target": "importing sglang_fl + loading plugins imports no SDK / SGLang",
             "limit": None,
             "worst": None,
-            "worst_row": ", ".join(
-                f"{phase}: {names or 'none'}" for phase, names in check["attempts"].items()
+            "worst_row": "tried: "
+            + "; ".join(
+                f"{phase}: {', '.join(names) or 'none'}"
+                for phase, names in check["attempts"].items()
+            )
+            + ". With stub SDKs installed, imported: "
+            + "; ".join(
+                f"{phase}: {', '.join(names) or 'none'}"
+                for phase, names in check["with_stub_sdks"]["imported"].items()
+                if phase != "import torch"
             ),
             "met": check["ok"],
         }

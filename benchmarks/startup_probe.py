@@ -7,7 +7,8 @@ Modes:
 - ``load``: sglang-fl's plugin discovery and load (``get_runtime()``) then the resolution of
   every standard op (``resolve_all()``), timed;
 - ``imports``: which watched modules (vendor SDKs, SGLang, ...) anything *tries* to import while
-  ``sglang_fl`` is imported, its plugins load and every op resolves.
+  ``sglang_fl`` is imported, its plugins load and every op resolves; with stub SDK packages on
+  the path (they report here when their code runs), which SDKs would actually be imported.
 
 ``scan`` and ``load`` run in separate fresh processes with the same modules imported before the
 clock starts (sglang_fl and therefore torch), so each pays for the first, cold scan of the
@@ -88,6 +89,7 @@ class _ImportRecorder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.phase = "start"
         self.attempts: list[tuple[str, str]] = []
+        self.executed: list[tuple[str, str]] = []  # stub SDKs whose code ran
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name.partition(".")[0] in WATCHED:
@@ -95,8 +97,16 @@ class _ImportRecorder(importlib.abc.MetaPathFinder):
         return None
 
 
+RECORDER = _ImportRecorder()
+
+
+def stub_imported(name: str) -> None:
+    """Called by the stub SDK packages ``startup.py`` may put on the path, when imported."""
+    RECORDER.executed.append((RECORDER.phase, name))
+
+
 def imports() -> dict[str, Any]:
-    recorder = _ImportRecorder()
+    recorder = RECORDER
     sys.meta_path.insert(0, recorder)
     recorder.phase = "import torch"  # baseline: whatever torch itself probes is not ours
     import torch  # noqa: F401
@@ -115,6 +125,9 @@ def imports() -> dict[str, Any]:
         "watched": list(WATCHED),
         "attempts": {
             phase: sorted({name for p, name in recorder.attempts if p == phase}) for phase in phases
+        },
+        "stub_sdks_imported": {
+            phase: sorted({name for p, name in recorder.executed if p == phase}) for phase in phases
         },
         "in_sys_modules": sorted(
             m for m in sys.modules if m.partition(".")[0] in WATCHED and m not in before
