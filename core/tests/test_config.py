@@ -275,6 +275,24 @@ def test_invalid_file_value_names_file_key_value(tmp_path):
     assert "comma-separated list of names" in message
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("prefer = 3", "prefer=3: expected one of flagos, vendor, vendor:<name>, reference"),
+        ("strict = 2", "strict=2 is not a boolean; allowed: 1, 0, true, false, yes, no"),
+        ("trace = [true]", "trace=[True] is not a boolean"),
+        ("dispatch_log = 5", "dispatch_log=5: expected a file path"),
+        ("plugins = {a = 1}", "plugins={'a': 1}: expected a comma-separated list of names"),
+        ("deny_vendors = ['ok', 'not ok']", "'not ok' is not a valid name"),
+    ],
+)
+def test_invalid_file_values(tmp_path, line, expected):
+    path = write_config(tmp_path, line + "\n")
+    message = config_error(config=path)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+
+
 def test_file_per_op_unknown_op(tmp_path):
     path = write_config(tmp_path, '[per_op]\nrotary_embeding = ["reference"]\n')
     message = config_error(config=path)
