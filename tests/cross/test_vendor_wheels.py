@@ -9,6 +9,8 @@ and the Python API in fresh interpreters whose ``PYTHONPATH`` is that target dir
 - ``misspelled``: its ``sglang_fl_register_ops`` hook implementation names ``registy``;
 - ``thief``: registers its own ``vendor.thief`` and then ``vendor.goodchip``, owned by another
   distribution, so all of its registrations must be rolled back.
+- ``seedchip`` (entry point ``my_chip``): the seed page's vendor code unchanged
+  (``register_builtins``, ``functools.wraps`` wrappers carrying ``_is_available``), packaged.
 
 Also the issue's "done when": core + the template wheel built from ``vendors/template``.
 Run by ``nox -s cross`` (a venv holding only the core wheel, pytest, build and setuptools).
@@ -44,7 +46,7 @@ requires-python = ">=3.10"
 dependencies = ["sglang-fl>=0.1,<0.2"]
 
 [project.entry-points."sglang_fl.backends"]
-{name} = "{entry_point}"
+{ep_name} = "{entry_point}"
 
 [tool.setuptools.packages.find]
 where = ["src"]
@@ -153,6 +155,140 @@ def sglang_fl_register_ops(registry):
                              priority=BackendPriority.VENDOR + 50))
 """
 
+# The seed page's vendor (shared/seed/vendor-integration.txt), unchanged, plus packaging: the
+# Backend class, register_builtins() and impl/ functions, with a stand-in ``my_chip_sdk`` that
+# reports one device so that the seed's availability probe says yes.
+SEED_FILES = {
+    "src/my_chip_sdk/__init__.py": """
+def device_count():
+    return 1
+""",
+    "src/sglang_fl_seedchip/__init__.py": "",
+    "src/sglang_fl_seedchip/my_chip.py": """
+from sglang_fl.dispatch.backends import Backend
+
+
+class MyChipBackend(Backend):
+    _available = None
+
+    @property
+    def name(self) -> str:
+        return "my_chip"
+
+    def is_available(self) -> bool:
+        if MyChipBackend._available is None:
+            try:
+                import my_chip_sdk
+                MyChipBackend._available = my_chip_sdk.device_count() > 0
+            except ImportError:
+                MyChipBackend._available = False
+        return MyChipBackend._available
+
+    def silu_and_mul(self, obj, x):
+        from .impl.activation import silu_and_mul_my_chip
+        return silu_and_mul_my_chip(obj, x)
+
+    def rms_norm(self, obj, x, residual=None):
+        from .impl.normalization import rms_norm_my_chip
+        return rms_norm_my_chip(obj, x, residual)
+
+    def rotary_embedding(self, obj, query, key, cos, sin, position_ids,
+                         rotary_interleaved=False, inplace=True):
+        from .impl.rotary import rotary_embedding_my_chip
+        return rotary_embedding_my_chip(
+            obj, query, key, cos, sin, position_ids, rotary_interleaved, inplace
+        )
+""",
+    "src/sglang_fl_seedchip/register_ops.py": """
+import functools
+from sglang_fl.dispatch.types import OpImpl, BackendImplKind, BackendPriority
+
+
+def _bind_is_available(fn, is_available_fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    wrapper._is_available = is_available_fn
+    return wrapper
+
+
+def register_builtins(registry) -> None:
+    from .my_chip import MyChipBackend
+
+    backend = MyChipBackend()
+    is_avail = backend.is_available
+
+    impls = [
+        OpImpl(
+            op_name="silu_and_mul",
+            impl_id="vendor.my_chip",
+            kind=BackendImplKind.VENDOR,
+            fn=_bind_is_available(backend.silu_and_mul, is_avail),
+            vendor="my_chip",
+            priority=BackendPriority.VENDOR,
+        ),
+        OpImpl(
+            op_name="rms_norm",
+            impl_id="vendor.my_chip",
+            kind=BackendImplKind.VENDOR,
+            fn=_bind_is_available(backend.rms_norm, is_avail),
+            vendor="my_chip",
+            priority=BackendPriority.VENDOR,
+        ),
+        OpImpl(
+            op_name="rotary_embedding",
+            impl_id="vendor.my_chip",
+            kind=BackendImplKind.VENDOR,
+            fn=_bind_is_available(backend.rotary_embedding, is_avail),
+            vendor="my_chip",
+            priority=BackendPriority.VENDOR,
+        ),
+    ]
+    registry.register_many(impls)
+""",
+    "src/sglang_fl_seedchip/impl/__init__.py": "",
+    "src/sglang_fl_seedchip/impl/activation.py": """
+from sglang_fl.ops.silu_and_mul import reference
+
+
+def silu_and_mul_my_chip(obj, x):
+    return reference(obj, x)
+""",
+    "src/sglang_fl_seedchip/impl/normalization.py": """
+from sglang_fl.ops.rms_norm import reference
+
+
+def rms_norm_my_chip(obj, x, residual=None):
+    return reference(obj, x, residual)
+""",
+    "src/sglang_fl_seedchip/impl/rotary.py": """
+from sglang_fl.ops.rotary_embedding import reference
+
+
+def rotary_embedding_my_chip(obj, query, key, cos, sin, position_ids, rotary_interleaved,
+                             inplace):
+    return reference(obj, query, key, cos, sin, position_ids, rotary_interleaved, inplace)
+""",
+}
+
+
+def write_seed_project(root: Path) -> Path:
+    project = root / "seedchip"
+    for relative, text in SEED_FILES.items():
+        path = project / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    (project / "pyproject.toml").write_text(
+        PYPROJECT.format(
+            name="seedchip",
+            version="0.2.0",
+            ep_name="my_chip",  # entry-point name = vendor id
+            entry_point="sglang_fl_seedchip.register_ops",
+        )
+    )
+    return project
+
+
 VENDORS = {
     "goodchip": ("0.3.0", GOODCHIP),
     "brokenimport": ("1.0.0", BROKENIMPORT),
@@ -167,7 +303,7 @@ def write_project(root: Path, name: str, version: str, source: str) -> Path:
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(textwrap.dedent(source))
     (project / "pyproject.toml").write_text(
-        PYPROJECT.format(name=name, version=version, entry_point=f"sglang_fl_{name}")
+        PYPROJECT.format(name=name, version=version, ep_name=name, entry_point=f"sglang_fl_{name}")
     )
     return project
 
@@ -216,6 +352,7 @@ def installs(tmp_path_factory) -> dict[str, Path]:
     """``mixed``: the four throwaway vendors; ``template``: only the template wheel."""
     root = tmp_path_factory.mktemp("vendor-wheels")
     projects = [write_project(root / "src", n, v, s) for n, (v, s) in VENDORS.items()]
+    projects.append(write_seed_project(root / "src"))
     template = root / "src" / "template"
     shutil.copytree(
         TEMPLATE_SOURCE,
@@ -226,7 +363,9 @@ def installs(tmp_path_factory) -> dict[str, Path]:
         [(p, root / "dist-mixed") for p in projects] + [(template, root / "dist-template")]
     )
     mixed_wheels = sorted((root / "dist-mixed").glob("*.whl"))
-    assert [w.name.split("-")[0] for w in mixed_wheels] == [f"sglang_fl_{n}" for n in OURS]
+    assert [w.name.split("-")[0] for w in mixed_wheels] == [
+        f"sglang_fl_{n}" for n in sorted((*OURS, "seedchip"))
+    ]
     template_wheels = sorted((root / "dist-template").glob("*.whl"))
     assert [w.name for w in template_wheels] == ["sglang_fl_template-0.1.0-py3-none-any.whl"]
     targets = {"mixed": root / "site-mixed", "template": root / "site-template"}
@@ -295,6 +434,15 @@ def test_working_vendor_loaded(mixed_plugins):
     assert good["hooks"] == ["sglang_fl_platform", "sglang_fl_register_ops"]
 
 
+def test_seed_layout_vendor_loads_unchanged(mixed_plugins):
+    seed = mixed_plugins["my_chip"]
+    assert seed["status"] == "loaded", seed
+    assert seed["distribution"] == "sglang-fl-seedchip"
+    assert seed["version"] == "0.2.0"
+    assert seed["module"] == "sglang_fl_seedchip.register_ops"
+    assert seed["hooks"] == ["sglang_fl_register_ops"]
+
+
 def test_import_failure_reported(mixed_plugins):
     broken = mixed_plugins["brokenimport"]
     assert broken["status"] == "failed"
@@ -342,6 +490,15 @@ def test_ops_json_every_op_resolves_without_the_failed_plugins(installs):
         # Every vendor.goodchip candidate comes from goodchip: the thief's copy never landed.
         owners = {c["distribution"] for c in op["candidates"] if c["impl_id"] == "vendor.goodchip"}
         assert owners == {"sglang-fl-goodchip"}
+        seed = next(c for c in op["candidates"] if c["impl_id"] == "vendor.my_chip")
+        assert (seed["plugin"], seed["distribution"], seed["vendor"]) == (
+            "my_chip",
+            "sglang-fl-seedchip",
+            "my_chip",
+        )
+        assert seed["available"] is True  # the seed's own probe, via fn._is_available
+        assert seed["outcome"] == "fallback"
+        assert seed["reason"] == "same order and priority as vendor.goodchip; impl_id sorts after"
         ref = next(c for c in op["candidates"] if c["impl_id"] == f"reference.{op['op']}")
         assert ref["outcome"] == "fallback"
         assert ref["reason"].startswith("lower in the order: matches reference")
@@ -423,6 +580,21 @@ want = STANDARD_OPS["rotary_embedding"].reference(
     inputs.obj, *[a.clone() for a in inputs.args], **{**inputs.kwargs, "inplace": False})
 got = runtime.resolve("rotary_embedding").fn(inputs.obj, *inputs.args, **inputs.kwargs)
 results["rotary"] = all(torch.equal(g, w) for g, w in zip(got, want))
+# The seed vendor's wrapped bound methods, called as the bridges call them (positionally).
+seed = {}
+for op, contract in STANDARD_OPS.items():
+    (impl,) = [i for i in runtime.registry.implementations(op) if i.impl_id == "vendor.my_chip"]
+    case = contract.cases[-1]
+    a = contract.make_inputs(case, torch.bfloat16, torch.device("cpu"), gen)
+    copies = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in a.args)
+    got = impl.fn(a.obj, *a.args, *a.kwargs.values())
+    want = contract.reference(a.obj, *copies, *a.kwargs.values())
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    seed[op] = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+from sglang_fl_seedchip.my_chip import MyChipBackend
+seed["probe_cached"] = MyChipBackend._available
+report["seed"] = seed
 report["results"] = results
 report["calls"] = sglang_fl_goodchip.CALLS
 json.dump(report, sys.stdout)
@@ -452,8 +624,10 @@ def test_python_api(installs):
     for op in OPS:
         assert report["chosen"][op] == "vendor.goodchip"
         impls = report["impls"][op]
-        # Registrations come from the reference, goodchip and nothing of the failed plugins.
-        assert {i[1] for i in impls} <= {"reference", "goodchip"} | preinstalled_plugins()
+        # Registrations come from the loaded plugins, nothing from the failed ones.
+        assert {i[1] for i in impls} <= {"reference", "goodchip", "my_chip"} | (
+            preinstalled_plugins()
+        )
         assert ["vendor.goodchip", "goodchip", "sglang-fl-goodchip", "0.3.0"] in impls
         assert [f"reference.{op}", "reference", "sglang-fl"] == impls[0][:3]
         assert not any(i[1] == "thief" for i in impls)
@@ -466,6 +640,12 @@ def test_python_api(installs):
         "rotary": True,
     }
     assert report["calls"] == {"silu_and_mul": 1, "rms_norm": 1, "rotary_embedding": 0}
+    assert report["seed"] == {
+        "silu_and_mul": True,
+        "rms_norm": True,
+        "rotary_embedding": True,
+        "probe_cached": True,
+    }
     assert "goodchip: no float16 rms_norm" in result.stderr  # the hand-off warning
     assert "goodchip: rotary not taped out yet" in result.stderr
 
