@@ -116,25 +116,18 @@ class Router:
                         reason = f"{exc}; left to SGLang"
             plan = _Plan(op_name, bridge, resolution)
             self._plans[cls] = plan
+            fields: dict[str, Any] = {
+                "layer": _qualname(cls),
+                "op": op_name,
+                "sglang_forward": _method_name(sglang_forward),
+            }
             if resolution is not None:
-                self.report.emit(
-                    "layer",
-                    layer=_qualname(cls),
-                    op=op_name,
-                    runner=SGLANG_FL_RUNNER,
-                    sglang_forward=_method_name(sglang_forward),
-                    **impl_fields(resolution.decision.chosen),
-                    fallbacks=[impl.impl_id for impl in resolution.decision.fallbacks],
-                )
+                decision = resolution.decision
+                fields.update(runner=SGLANG_FL_RUNNER, **impl_fields(decision.chosen))
+                fields["fallbacks"] = [impl.impl_id for impl in decision.fallbacks]
             else:
-                self.report.emit(
-                    "layer",
-                    layer=_qualname(cls),
-                    op=op_name,
-                    runner=SGLANG_RUNNER,
-                    sglang_forward=_method_name(sglang_forward),
-                    reason=reason,
-                )
+                fields.update(runner=SGLANG_RUNNER, reason=reason)
+            self.report.emit("layer", **fields)
             return plan
 
     # --- rare paths, reported once --------------------------------------------------------
