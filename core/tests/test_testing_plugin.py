@@ -157,11 +157,17 @@ def test_plan_all_vendors_never_checks_the_reference(vendors) -> None:
     assert not any(i.startswith("reference/") for i in ids)
 
 
-def test_plan_without_vendors_is_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sglang_fl.loader
+def test_plan_without_vendors_is_a_skip() -> None:
+    from types import SimpleNamespace
 
-    monkeypatch.setattr(sglang_fl.loader, "entry_points", lambda group: [])
-    (check,) = plan()
+    from sglang_fl.dispatch.registry import OpRegistry
+    from sglang_fl.loader import LOADED, PluginRecord
+
+    reference_only = SimpleNamespace(
+        plugins=(PluginRecord("reference", "m", "sglang-fl", "0.1.0", LOADED, builtin=True),),
+        registry=OpRegistry(),
+    )
+    (check,) = plan(runtime=reference_only)
     assert check.id == "no-vendor"
     outcome = check.run()
     assert outcome.status == SKIPPED
