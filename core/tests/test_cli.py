@@ -228,9 +228,18 @@ def test_ops_with_an_unresolvable_op_exits_1(capsys, only, monkeypatch):
     rms = next(op for op in data["ops"] if op["op"] == "rms_norm")
     assert rms["chosen"] is None
     assert "no usable implementation of op 'rms_norm'" in rms["error"]
-    assert rms["candidates"] == [
-        {"impl_id": "reference.rms_norm", "provenance": f"reference (sglang-fl {__version__})"}
-    ]
+    # The same OP shape as a resolved op: the order applied and every candidate's verdict.
+    assert rms["order"] == ["vendor:nope"]
+    assert rms["order_source"] == "environment SGLANG_FL_PER_OP"
+    (candidate,) = rms["candidates"]
+    assert candidate["impl_id"] == "reference.rms_norm"
+    assert (candidate["plugin"], candidate["distribution"], candidate["version"]) == (
+        "reference",
+        "sglang-fl",
+        __version__,
+    )
+    assert candidate["outcome"] == "rejected"
+    assert candidate["reason"] == "matches no token of the order [vendor:nope]"
     assert next(op for op in data["ops"] if op["op"] == "silu_and_mul")["error"] is None
     code, out, _ = run_cli(capsys, "ops")
     assert code == 1

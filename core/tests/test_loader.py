@@ -211,6 +211,46 @@ def test_import_error_is_recorded_and_others_load(plugin_site, caplog):
     assert "'broken' from sglang-fl-broken failed to load" in caplog.text
 
 
+def test_plugin_exiting_at_import_does_not_end_the_host(plugin_site):
+    plugin_site.plugin("quitter", "import sys\nsys.exit('no chip, bye')\n")
+    plugin_site.plugin("acme", hook_plugin("acme"))
+    runtime = load(plugins="quitter,acme")
+    quitter = runtime.plugin("quitter")
+    assert quitter.status == "failed"
+    assert "SystemExit: no chip, bye" in quitter.error
+    assert runtime.plugin("acme").status == "loaded"
+
+
+def test_malformed_entry_points_of_one_distribution_hide_no_plugin(plugin_site, caplog):
+    plugin_site.plugin("acme", hook_plugin("acme"))
+    broken = plugin_site.root / "sglang_fl_mangled-1.0.dist-info"
+    broken.mkdir()
+    (broken / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang-fl-mangled\nVersion: 1.0\n"
+    )
+    (broken / "entry_points.txt").write_text("[sglang_fl.backends]\nthis line has no equals sign\n")
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.loader"):
+        runtime = load()
+    assert runtime.plugin("acme").status == "loaded"
+    assert "vendor.acme" in impl_ids(runtime, "rms_norm")
+    mangled = runtime.plugin("<sglang-fl-mangled>")
+    assert mangled.status == "failed"
+    assert mangled.distribution == "sglang-fl-mangled"
+    assert mangled.error.startswith("unreadable entry_points.txt: ")
+    assert "scanning entry points failed" in caplog.text
+
+
+def test_malformed_entry_points_fail_under_strict(plugin_site):
+    broken = plugin_site.root / "sglang_fl_mangled-1.0.dist-info"
+    broken.mkdir()
+    (broken / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang-fl-mangled\nVersion: 1.0\n"
+    )
+    (broken / "entry_points.txt").write_text("[sglang_fl.backends]\nno equals sign\n")
+    with pytest.raises(PluginLoadError, match=r"sglang-fl-mangled.*unreadable entry_points\.txt"):
+        load(strict="1")
+
+
 def test_wrong_hookimpl_argument_name(plugin_site):
     plugin_site.plugin(
         "typo",

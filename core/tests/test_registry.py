@@ -126,11 +126,25 @@ def test_non_vendor_kinds_need_no_vendor(registry):
     assert kinds == [BackendImplKind.DEFAULT, BackendImplKind.REFERENCE]
 
 
-@pytest.mark.parametrize("priority", ["100", 1.5, True, None])
+@pytest.mark.parametrize("priority", ["100", 1.5, True])
 def test_rejects_bad_priority(registry, priority):
     message = refusal(registry, vendor_impl(priority=priority))
     assert f"priority={priority!r}" in message
     assert "expected an int" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        (BackendImplKind.DEFAULT, BackendPriority.DEFAULT),
+        (BackendImplKind.VENDOR, BackendPriority.VENDOR),
+        (BackendImplKind.REFERENCE, BackendPriority.REFERENCE),
+    ],
+)
+def test_priority_defaults_to_the_kinds_priority(kind, expected):
+    impl = OpImpl("silu_and_mul", "x.y", kind, lambda obj, x: x, vendor="acme")
+    assert impl.priority == expected
+    assert OpImpl("silu_and_mul", "x.y", kind, lambda obj, x: x, priority=None).priority == expected
 
 
 def test_accepts_plain_int_priority(registry):

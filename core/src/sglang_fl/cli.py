@@ -17,7 +17,7 @@ from typing import Any
 
 from . import __version__
 from .config import Settings
-from .errors import SglangFlError
+from .errors import NoImplementationError, SglangFlError
 from .loader import ENTRY_POINT_GROUP, FAILED
 from .ops import STANDARD_OPS, get_contract
 from .runtime import Runtime
@@ -38,14 +38,23 @@ def _op_report(runtime: Runtime, op_name: str) -> dict[str, Any]:
         "sglang_layer": contract.sglang_layer,
     }
     try:
-        decision = runtime.resolve(op_name).decision.to_dict()
-    except SglangFlError as exc:
-        candidates = [
-            {"impl_id": impl.impl_id, "provenance": str(impl.provenance)}
-            for impl in runtime.registry.implementations(op_name)
-        ]
-        return {**report, "chosen": None, "error": str(exc), "candidates": candidates}
-    return {**report, **decision, "error": None}
+        decision = runtime.resolve(op_name).decision
+    except NoImplementationError as exc:
+        if exc.decision is not None:
+            return {**report, **exc.decision.to_dict(), "error": str(exc)}
+        failure: SglangFlError = exc
+    except SglangFlError as exc:  # StrictModeError: an explicit choice that cannot be met
+        failure = exc
+    else:
+        return {**report, **decision.to_dict(), "error": None}
+    return {
+        **report,
+        "chosen": None,
+        "order": [str(token) for token in runtime.policy.order_for(op_name)],
+        "order_source": runtime.policy.order_source(op_name),
+        "candidates": [],
+        "error": str(failure),
+    }
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], text: Callable[[], str]) -> None:

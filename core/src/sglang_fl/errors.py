@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .dispatch.resolve import Decision
+
 
 class SglangFlError(Exception):
     """Base class of sglang-fl's own errors."""
@@ -20,7 +25,15 @@ class PluginLoadError(SglangFlError):
 
 
 class NoImplementationError(SglangFlError, LookupError):
-    """No candidate implementation of an op survived selection."""
+    """No candidate implementation of an op survived selection.
+
+    ``decision`` is the :class:`~sglang_fl.dispatch.resolve.Decision` with every candidate
+    rejected and why (``None`` when raised outside resolution).
+    """
+
+    def __init__(self, message: str, decision: Decision | None = None) -> None:
+        super().__init__(message)
+        self.decision = decision
 
 
 class StrictModeError(SglangFlError):

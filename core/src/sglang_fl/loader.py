@@ -12,7 +12,7 @@ import logging
 import sys
 import traceback
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, distributions, entry_points
 from types import ModuleType
 from typing import Any
 
@@ -100,11 +100,14 @@ def load_plugins(
     which must report every plugin, sets it and reports the failure instead).
     """
     records = [_load_reference(registry, pm)]
+    found, unreadable = _discover()
     seen: dict[str, PluginRecord] = {}
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in sorted(found, key=lambda e: e.name):
         record = _load_entry_point(ep, settings, registry, pm, seen)
         seen.setdefault(ep.name, record)
         records.append(record)
+    records.extend(unreadable)
+    for record in records:
         if record.status == FAILED:
             _log.warning(
                 "sglang-fl plugin %r from %s failed to load: %s",
@@ -118,6 +121,36 @@ def load_plugins(
                     f"{record.version}) failed to load: {record.error}"
                 )
     return records
+
+
+def _discover() -> tuple[list[EntryPoint], list[PluginRecord]]:
+    """The group's entry points: one scan; per distribution only if one has broken metadata."""
+    try:
+        return list(entry_points(group=ENTRY_POINT_GROUP)), []
+    except Exception as exc:  # one malformed entry_points.txt must not hide every plugin
+        _log.warning("scanning entry points failed (%s); reading each distribution alone", exc)
+    found: list[EntryPoint] = []
+    unreadable: list[PluginRecord] = []
+    names: set[str] = set()
+    for dist in distributions():
+        name = dist.metadata["Name"]
+        if name in names:  # the same distribution earlier on sys.path shadows this one
+            continue
+        names.add(name)
+        try:
+            found.extend(ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP)
+        except Exception as exc:
+            unreadable.append(
+                PluginRecord(
+                    name=f"<{name}>",
+                    module="entry_points.txt",
+                    distribution=name,
+                    version=dist.version,
+                    status=FAILED,
+                    error=f"unreadable entry_points.txt: {type(exc).__name__}: {exc}",
+                )
+            )
+    return found, unreadable
 
 
 def _load_reference(registry: OpRegistry, pm: pluggy.PluginManager) -> PluginRecord:
@@ -165,7 +198,7 @@ def _load_entry_point(
 
     try:
         loaded = ep.load()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() must not end the host
         return _failed(
             record,
             f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}",
@@ -197,7 +230,7 @@ def _load_entry_point(
     provenance = Provenance(ep.name, record.distribution or "<unknown>", record.version or "")
     try:
         _call_register_ops(pm, plugin, registry, provenance)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         pm.unregister(plugin)
         return _failed(
             record,

@@ -18,7 +18,7 @@ from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
-from .errors import NoImplementationError
+from .errors import SglangFlError
 from .loader import PluginRecord, load_plugins, new_plugin_manager
 from .ops import STANDARD_OPS, unknown_op_message
 
@@ -55,13 +55,13 @@ class Runtime:
                 self._resolutions[op_name] = cached
             return cached
 
-    def resolve_all(self) -> Mapping[str, Resolution | NoImplementationError]:
+    def resolve_all(self) -> Mapping[str, Resolution | SglangFlError]:
         """Every standard op's resolution, or the error explaining why it has none."""
-        results: dict[str, Resolution | NoImplementationError] = {}
+        results: dict[str, Resolution | SglangFlError] = {}
         for op_name in STANDARD_OPS:
             try:
                 results[op_name] = self.resolve(op_name)
-            except NoImplementationError as exc:
+            except SglangFlError as exc:
                 results[op_name] = exc
         return results
 

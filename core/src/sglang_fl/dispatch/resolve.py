@@ -65,17 +65,21 @@ class Decision:
 
     @property
     def chosen(self) -> OpImpl:
-        return next(c.impl for c in self.candidates if c.outcome == CHOSEN)
+        """The implementation that runs; a decision carried by an error has none."""
+        for verdict in self.candidates:
+            if verdict.outcome == CHOSEN:
+                return verdict.impl
+        raise LookupError(f"op {self.op!r} has no usable implementation")
 
     @property
     def fallbacks(self) -> tuple[OpImpl, ...]:
         return tuple(c.impl for c in self.candidates if c.outcome == FALLBACK)
 
     def to_dict(self) -> dict[str, Any]:
-        chosen = self.chosen
+        chosen = next((c.impl.impl_id for c in self.candidates if c.outcome == CHOSEN), None)
         return {
             "op": self.op,
-            "chosen": chosen.impl_id,
+            "chosen": chosen,
             "order": list(self.order),
             "order_source": self.order_source,
             "candidates": [c.to_dict() for c in self.candidates],
@@ -121,7 +125,12 @@ def resolve(
 
     if not survivors:
         details = "; ".join(f"{v.impl.impl_id}: {v.reason}" for v in verdicts) or "none registered"
-        raise NoImplementationError(f"no usable implementation of op {op_name!r} ({details})")
+        raise NoImplementationError(
+            f"no usable implementation of op {op_name!r} ({details})",
+            Decision(
+                op_name, tuple(map(str, order)), policy.order_source(op_name), tuple(verdicts)
+            ),
+        )
 
     survivors.sort(key=lambda s: s[:3])
     best_rank, best_priority, _, chosen, chosen_state = survivors[0]

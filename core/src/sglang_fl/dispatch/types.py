@@ -65,7 +65,9 @@ class OpImpl:
     ``fn`` takes the op's standard arguments (see :mod:`sglang_fl.ops`). If ``fn`` carries an
     ``_is_available`` attribute (the seed layout), or ``available`` is given, that no-argument
     callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
-    process. ``provenance`` is filled in by the loader; a backend never sets it.
+    process. ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor
+    implementation that gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
+    in by the loader; a backend never sets it.
     """
 
     op_name: str
@@ -73,9 +75,13 @@ class OpImpl:
     kind: BackendImplKind
     fn: Callable[..., Any]
     vendor: str | None = None
-    priority: int = BackendPriority.DEFAULT
+    priority: int = None  # type: ignore[assignment]  # set from ``kind`` in __post_init__
     available: Callable[[], object] | None = field(default=None, compare=False)
     provenance: Provenance | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.priority is None and isinstance(self.kind, BackendImplKind):
+            object.__setattr__(self, "priority", BackendPriority[self.kind.name])
 
     @property
     def availability_probe(self) -> Callable[[], object] | None:
