@@ -44,6 +44,8 @@ def build(session: nox.Session, *names: str, sdist: bool = False) -> dict[str, P
     for name in names:
         source = distribution_dirs()[name]
         target = out / name
+        # --no-isolation reuses setuptools' build/ tree: a module deleted from src/ would ship.
+        shutil.rmtree(source / "build", ignore_errors=True)
         kinds = ["--wheel", "--sdist"] if sdist else ["--wheel"]
         session.run(
             "python",
