@@ -99,11 +99,12 @@ def make_case(case: str, tokens: int, dtype: torch.dtype, seed: int = 0) -> Case
     raise ValueError(f"unknown case {case!r}")
 
 
-def fallback_chain(op_name: str) -> Callable[..., Any]:
+def fallback_chain(op_name: str, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """What core hands out when a fallback exists: an available vendor impl, reference behind.
 
     Built with core's own registry and resolver; the vendor's ``fn`` is the reference function
-    itself so the difference to ``direct`` is exactly the closure that catches ``Unsupported``.
+    itself (or ``fn``) so the difference to calling it directly is exactly the closure that
+    catches ``Unsupported``.
     """
     from sglang_fl.config import Settings
     from sglang_fl.dispatch.availability import AvailabilityCache
@@ -114,6 +115,7 @@ def fallback_chain(op_name: str) -> Callable[..., Any]:
     from sglang_fl.ops import STANDARD_OPS
 
     reference = STANDARD_OPS[op_name].reference
+    vendor_fn = fn or reference
     registry = OpRegistry()
     with registry.plugin_scope(Provenance("bench", "bench-vendor", "0")):
         registry.register(
@@ -121,7 +123,7 @@ def fallback_chain(op_name: str) -> Callable[..., Any]:
                 op_name=op_name,
                 impl_id=f"bench.{op_name}",
                 kind=BackendImplKind.VENDOR,
-                fn=reference,
+                fn=vendor_fn,
                 vendor="bench",
                 priority=BackendPriority.VENDOR,
             )
@@ -138,7 +140,7 @@ def fallback_chain(op_name: str) -> Callable[..., Any]:
     resolution = resolve(
         op_name, registry, SelectionPolicy(Settings.from_environment({})), AvailabilityCache()
     )
-    if resolution.fn is reference or len(resolution.decision.fallbacks) != 1:
+    if resolution.fn is vendor_fn or len(resolution.decision.fallbacks) != 1:
         raise RuntimeError(f"expected a fallback closure for {op_name}, got {resolution.fn!r}")
     return resolution.fn
 
@@ -219,7 +221,6 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
             f"{forward!r}); see the sglang-fl dispatch report"
         )
     diffs = check_same_math(case, inputs, layer, KernelBackend.TORCH)
-    # Listed so that every compared pair runs back to back in the rotating order.
     variants = {
         "bound_fallback": Call(fallback_chain(op_name), inputs.op_args),
         "bound": Call(resolution.fn, inputs.op_args),
@@ -256,6 +257,49 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
     }
 
 
+def _noop_rotary(
+    obj: Any,
+    query: Any,
+    key: Any,
+    cos: Any,
+    sin: Any,
+    position_ids: Any,
+    rotary_interleaved: bool = False,
+    inplace: bool = True,
+) -> tuple[Any, Any]:
+    return query, key
+
+
+def _noop_rms_norm(obj: Any, x: Any, residual: Any = None) -> Any:
+    return x
+
+
+def dispatch_overhead(repetitions: int) -> dict[str, Any]:
+    """Nanoseconds the fallback closure adds per call, on implementations that do nothing.
+
+    On real kernels this cost drowns in the kernel's own time and the machine's noise; on a
+    no-op it is the whole difference. Arguments as the bridges pass them (all positional).
+    """
+    rotary_args = (None, 1, 2, 3, 4, 5, False, True)
+    rms_args = (None, 1, 2)
+    variants = {
+        "rotary_direct": Call(_noop_rotary, rotary_args),
+        "rotary_fallback": Call(fallback_chain("rotary_embedding", _noop_rotary), rotary_args),
+        "rms_norm_direct": Call(_noop_rms_norm, rms_args),
+        "rms_norm_fallback": Call(fallback_chain("rms_norm", _noop_rms_norm), rms_args),
+    }
+    samples = interleaved(variants, repetitions=repetitions, batch_ns=200_000)
+    return {
+        "median_ns": {name: s.median_ns for name, s in samples.items()},
+        "closure_ns": {
+            "rotary_embedding (8 args)": samples["rotary_fallback"].median_ns
+            - samples["rotary_direct"].median_ns,
+            "rms_norm (3 args)": samples["rms_norm_fallback"].median_ns
+            - samples["rms_norm_direct"].median_ns,
+        },
+    }
+
+
 def run(*, repetitions: int = 31, quick: bool = False) -> dict[str, Any]:
     """Every case x size x dtype; single-threaded torch so the 2-core machines stay comparable."""
     import sglang_fl
@@ -281,7 +325,14 @@ def run(*, repetitions: int = 31, quick: bool = False) -> dict[str, Any]:
                     f"{c['routed_layer/torch_layer']:.3f} {c['direct/forward_native']:.3f})",
                     flush=True,
                 )
+    overhead = dispatch_overhead(repetitions)
+    print(
+        "  fallback closure on no-op implementations: "
+        + ", ".join(f"{op} +{ns:.0f} ns" for op, ns in overhead["closure_ns"].items()),
+        flush=True,
+    )
     return {
+        "dispatch_overhead": overhead,
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,

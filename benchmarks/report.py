@@ -173,6 +173,17 @@ def targets_table(result: dict[str, Any]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _overhead_line(result: dict[str, Any]) -> str:
+    overhead = result["calls"].get("dispatch_overhead")
+    if not overhead:
+        return ""
+    parts = ", ".join(f"{op}: +{ns:.0f} ns" for op, ns in overhead["closure_ns"].items())
+    return (
+        "The fallback closure (what `bound+fallback` adds over a direct call), measured on "
+        f"implementations that do nothing: {parts} per call.\n"
+    )
+
+
 def markdown(result: dict[str, Any], plot_path: str | None) -> str:
     env = result["calls"]["environment"]
     parts = [
@@ -187,6 +198,7 @@ def markdown(result: dict[str, Any], plot_path: str | None) -> str:
         "**Per-call cost** (median per call; × = ratio to the column it is compared with)",
         "",
         calls_table(result),
+        _overhead_line(result),
         "**Start-up** (medians of fresh interpreters; core + three vendor plugins installed)",
         "",
         startup_table(result),

@@ -4,11 +4,14 @@ Machines here are shared and noisy. Measuring variant A for a second and then va
 second lets a burst of noise land on one of them only; interleaving short batches (A, B, C,
 B, C, A, ...) spreads it over all of them, and medians drop the bursts. Every variant is called
 the same way (``fn(*args, **kwargs)`` in the same loop), so the harness costs the same for all.
+Measuring B always right after A would bias B by A's left-over cache state, so the order of
+each repetition is shuffled.
 """
 
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -76,19 +79,23 @@ def interleaved(
     *,
     repetitions: int = 31,
     batch_ns: int = 1_000_000,
-    budget_ns: int = 1_500_000_000,
-    max_repetitions: int = 101,
+    budget_ns: int = 3_000_000_000,
+    max_repetitions: int = 151,
     min_iterations: int = 2,
     max_iterations: int = 100_000,
+    seed: int = 0,
 ) -> dict[str, Samples]:
     """Median-ready samples of every variant, measured in rotating order, GC off.
 
     All variants run the same number of iterations per batch, sized so the slowest takes about
-    ``batch_ns``; the starting variant rotates each repetition so none always runs first. Slow
+    ``batch_ns``; each repetition runs them in a fresh (seeded) random order, so no variant
+    always runs first or always after the same neighbour (whose cache and allocator state it
+    would inherit). Slow
     cases (few iterations per batch, so noisier batches) get more repetitions, up to
     ``max_repetitions`` or about ``budget_ns`` in all.
     """
     names = list(variants)
+    rng = random.Random(seed)
     for call in variants.values():  # warm-up: lazy resolution, allocator, caches
         for _ in range(3):
             call()
@@ -102,9 +109,10 @@ def interleaved(
     gc.collect()
     gc.disable()
     try:
-        for rep in range(repetitions):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
+        for _ in range(repetitions):
+            order = names[:]
+            rng.shuffle(order)
+            for name in order:
                 wall_ns, cpu_ns = _batch(variants[name], iterations)
                 walls[name].append(wall_ns / iterations)
                 cpus[name].append(cpu_ns / iterations)
