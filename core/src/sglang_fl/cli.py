@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, scaffold
 from .config import Settings
 from .errors import NoImplementationError, SglangFlError
 from .loader import ENTRY_POINT_GROUP, FAILED
@@ -262,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain = command("explain", cmd_explain, "the decision trace of one op")
     explain.add_argument("op", help=f"one of: {', '.join(STANDARD_OPS)}")
     command("doctor", cmd_doctor, "environment, configuration and plugin problems")
+    scaffold.add_cli(sub)
     return parser
 
 
