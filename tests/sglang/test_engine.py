@@ -120,27 +120,59 @@ def test_forced_torch_backend_gives_the_same_tokens_without_routing(
     assert routed == [], "SGLang's forced backend wins over sglang-fl's route"
 
 
-def test_sglang_plugins_whitelist_without_sglang_fl_is_honoured(tmp_path: Path) -> None:
-    """``SGLANG_PLUGINS`` naming other plugins keeps SGLang from running sglang-fl's."""
-    script = textwrap.dedent(
-        """
-        import torch
-        from sglang.srt.plugins import load_plugins
-        from sglang.srt.layers.activation import SiluAndMul
-        load_plugins()
-        layer = SiluAndMul()
-        layer(torch.ones(2, 8))
-        print(layer._forward_method.__name__)
-        """
-    )
-    log = tmp_path / "dispatch.jsonl"
-    env = clean_env(SGLANG_PLUGINS="someone_else", SGLANG_FL_DISPATCH_LOG=str(log))
+def run_python(script: str, **env: str) -> str:
+    """Run ``script`` in a fresh interpreter with ``env``; its last stdout line."""
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "forward_native"
+    return out.stdout.strip().splitlines()[-1]
+
+
+# Loads plugins the way SGLang does, then reports which forward each layer cached (or raised).
+LAYER_SCRIPT = """
+    import torch
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+    load_plugins()
+    names = []
+    for layer in (SiluAndMul(), RMSNorm(8)):
+        try:
+            layer(torch.ones(2, 8))
+            names.append(layer._forward_method.__name__)
+        except Exception as exc:
+            names.append(type(exc).__name__)
+    print(" ".join(names))
+"""
+
+
+def test_sglang_plugins_whitelist_without_sglang_fl_is_honoured(tmp_path: Path) -> None:
+    """``SGLANG_PLUGINS`` naming other plugins keeps SGLang from running sglang-fl's."""
+    log = tmp_path / "dispatch.jsonl"
+    last = run_python(LAYER_SCRIPT, SGLANG_PLUGINS="someone_else", SGLANG_FL_DISPATCH_LOG=str(log))
+    assert last == "forward_native forward_native"
     assert not [r for r in read_log(log) if r["event"] == "plugin"]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+def test_op_without_usable_implementation(strict: bool, tmp_path: Path) -> None:
+    """No candidate left for rms_norm: SGLang keeps the layer (reported), or STRICT raises."""
+    log = tmp_path / "dispatch.jsonl"
+    env = {"SGLANG_FL_PER_OP": "rms_norm=vendor:nothing", "SGLANG_FL_DISPATCH_LOG": str(log)}
+    if strict:
+        env["SGLANG_FL_STRICT"] = "1"
+    last = run_python(LAYER_SCRIPT, **env)
+    second = "NoImplementationError" if strict else "forward_native"
+    assert last == f"sglang_fl[reference.silu_and_mul] {second}"
+    if not strict:
+        (row,) = [r for r in read_log(log) if r.get("op") == "rms_norm"]
+        assert row["runner"] == "sglang"
+        assert "no usable implementation" in row["reason"]
 
 
 # --- HTTP server ---------------------------------------------------------------------------
@@ -342,12 +374,9 @@ def test_platform_declared_by_a_vendor_is_what_sglang_activates(vendor_site: Pat
         "from sglang.srt.platforms import current_platform as p; "
         "print(type(p).__qualname__, p.get_dispatch_key_name(), p.is_out_of_tree())"
     )
-    env = clean_env(
+    last = run_python(
+        script,
         PYTHONPATH=os.pathsep.join(filter(None, [str(vendor_site), os.environ.get("PYTHONPATH")])),
         PROBE_VENDOR_PLATFORM="sglang_fl_probe.platform:ProbePlatform",
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "ProbePlatform probe True"
+    assert last == "ProbePlatform probe True"
