@@ -29,6 +29,14 @@ def test_sglang_cpu_engine_request_is_left_to_sglang(monkeypatch: pytest.MonkeyP
     assert platform.activate() is None
 
 
+def test_selecting_sglang_fl_by_name_always_gets_a_platform(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.setenv("SGLANG_PLATFORM", platform.ENTRY_POINT_NAME)
+    assert platform.activate() == platform.CPU_PLATFORM
+
+
 def test_missing_hook_point_names_the_sglang_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """An SGLang without the per-instance resolution step (older or newer) fails clearly."""
     monkeypatch.delattr(BaseFusedOp, "_resolve_forward_method")

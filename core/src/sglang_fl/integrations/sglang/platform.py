@@ -4,7 +4,9 @@ SGLang asks every platform entry point which platform to activate. sglang-fl ans
 platform a loaded vendor plugin declares (``sglang_fl_platform()``); else, on a machine with
 no accelerator SGLang supports in-tree, with :class:`SglangFlCpuPlatform`, so SGLang serves on
 a plain CPU through sglang-fl's implementations; else ``None`` (SGLang's in-tree platform).
-``SGLANG_USE_CPU_ENGINE=1`` asks for SGLang's own CPU engine, so sglang-fl then offers nothing.
+``SGLANG_USE_CPU_ENGINE=1`` asks for SGLang's own CPU engine, so sglang-fl then offers nothing,
+unless ``SGLANG_PLATFORM=sglang_fl`` names this entry point: that explicit choice always gets a
+platform (the vendor's, else the CPU one).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import torch
 
 from ...runtime import get_runtime
 
-__all__ = ["CPU_PLATFORM", "DISPATCH_KEY", "activate", "in_tree_accelerator"]
+__all__ = ["CPU_PLATFORM", "DISPATCH_KEY", "ENTRY_POINT_NAME", "activate", "in_tree_accelerator"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
+ENTRY_POINT_NAME = "sglang_fl"  # in core/pyproject.toml, group sglang.srt.platforms
 CPU_PLATFORM = "sglang_fl.integrations.sglang.platform:SglangFlCpuPlatform"
 # Fused ops look for ``forward_<key>``; none defines this one, so any op sglang-fl does not
 # route runs SGLang's portable ``forward_native`` (never the sgl_kernel CPU path).
@@ -75,11 +78,11 @@ def activate() -> str | None:
     if declared:
         _log.info("sglang-fl: a vendor plugin declares the SGLang platform %s", declared)
         return declared
-    if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
-        return None
-    accelerator = in_tree_accelerator()
-    if accelerator is not None:
-        return None
+    if os.environ.get("SGLANG_PLATFORM") != ENTRY_POINT_NAME:
+        if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
+            return None
+        if in_tree_accelerator() is not None:
+            return None
     _log.info("sglang-fl: no accelerator SGLang supports in-tree; offering %s", CPU_PLATFORM)
     return CPU_PLATFORM
 
