@@ -71,7 +71,7 @@ class SiluAndMulBridge(Bridge):
         return silu_and_mul
 
 
-def _fuses_input_quant(layer: Any, quant_linear: Any) -> bool:
+def _fuses_input_quant(quant_linear: Any) -> bool:
     """Whether SGLang would fuse ``quant_linear``'s input quantization into this norm."""
     module = importlib.import_module(LAYER_CLASSES["rms_norm"][0])
     probe = getattr(module, "_fp8_static_input_scale", None)
@@ -97,7 +97,7 @@ class RMSNormBridge(Bridge):
         # Models attach the consuming projection to every norm (fuse_input_quant); SGLang only
         # fuses the quantization when that projection is a static per-tensor FP8 linear.
         quant_linear = getattr(layer, "_quant_linear", None)
-        if quant_linear is not None and _fuses_input_quant(layer, quant_linear):
+        if quant_linear is not None and _fuses_input_quant(quant_linear):
             return (
                 "quant_linear: RMSNorm fused with the FP8 input quantization of "
                 f"{type(quant_linear).__name__} is SGLang's own path; left to SGLang"
