@@ -134,8 +134,8 @@ def test_rms_norm_options_outside_the_op_stay_with_sglang(dispatch_log: Path) ->
     torch.testing.assert_close(layer(x.clone()), layer(x.clone(), backend=TORCH), rtol=0, atol=0)
     assert routed_impl(layer) is None
     assert layer._forward_method.__name__ == "forward_native"
-    (row,) = records(dispatch_log, event="layer", scope="instance", runner="sglang")
-    assert "cast_x_before_out_mul" in row["reason"]
+    rows = records(dispatch_log, event="layer", scope="instance", runner="sglang")
+    (row,) = [r for r in rows if "cast_x_before_out_mul" in r["reason"]]
     assert row["layer"] == "sglang.srt.layers.layernorm.RMSNorm"
 
 
@@ -160,6 +160,21 @@ def test_models_attaching_a_plain_projection_stay_routed() -> None:
     x = randn(3, 64, dtype=torch.float32, seed=11)
     torch.testing.assert_close(layer(x.clone()), layer(x.clone(), backend=TORCH), rtol=0, atol=0)
     assert routed_impl(layer) == "reference.rms_norm"
+
+
+def test_norm_feeding_a_static_fp8_linear_stays_with_sglang(dispatch_log: Path) -> None:
+    """SGLang fuses the FP8 input quantization into such a norm: that path stays SGLang's."""
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    config = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="static")
+    layer = make_norm(64, torch.bfloat16)
+    layer.fuse_input_quant(ReplicatedLinear(64, 64, bias=False, quant_config=config))
+    x = randn(3, 64, dtype=torch.bfloat16, seed=14)
+    torch.testing.assert_close(layer(x.clone()), layer(x.clone(), backend=TORCH), rtol=0, atol=0)
+    assert routed_impl(layer) is None
+    rows = records(dispatch_log, event="layer", scope="instance", op="rms_norm")
+    assert any("FP8 input quantization" in r["reason"] for r in rows), rows
 
 
 class OnePlusWeightNorm(RMSNorm):
