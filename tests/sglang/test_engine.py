@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from tiny_models import hf_greedy
 
+from sglang_fl.integrations.sglang.report import read_log
+
 pytest.importorskip("sglang")
 
 HERE = Path(__file__).parent
@@ -34,10 +36,6 @@ STANDARD_LAYERS = {
     "rotary_embedding": "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
 }
 ENGINE_TIMEOUT_S = 600
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def clean_env(**overrides: str) -> dict[str, str]:

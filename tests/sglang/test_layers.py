@@ -6,7 +6,6 @@ reference, reached with ``backend=KernelBackend.TORCH``) on copies of the same i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 
+from sglang_fl.integrations.sglang.report import read_log
+
 DTYPES = (torch.float32, torch.bfloat16)
 TORCH = KernelBackend.TORCH
 
@@ -38,8 +39,7 @@ def _routed(router: Any) -> None:
 
 def records(path: Path, **match: Any) -> list[dict[str, Any]]:
     """Dispatch-log records of this process matching every ``key=value`` given."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return [r for r in read_log(path) if all(r.get(k) == v for k, v in match.items())]
 
 
 def routed_impl(layer: Any) -> str | None:
