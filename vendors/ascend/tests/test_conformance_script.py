@@ -1,17 +1,27 @@
-"""The hardware conformance script's logic, on the CPU against the torch_npu double."""
+"""The hardware conformance script's wiring, on the CPU against the torch_npu double.
+
+The runner itself (report, timing, exit codes) is core's ``sglang_fl.testing.hardware``, tested
+in core; here: the script hands it the Ascend adapters as ``register_builtins`` registers them,
+its probe, its device, synchronize and SGLang method.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from sglang_fl_ascend.ascend import TORCH_NPU
+from sglang_fl_ascend.register_ops import register_builtins
 from torch_npu_double import TorchNpuDouble
 
+from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.testing.hardware import run_cases
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "conformance.py"
 
@@ -28,32 +38,66 @@ def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
+def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = script.TARGET
+    assert (target.title, target.device, target.sglang_forward) == (
+        "sglang-fl-ascend",
+        "npu",
+        "forward_npu",
+    )
+    assert target.register is register_builtins
+    assert target.probe == TORCH_NPU.probe
+    synchronized: list[str] = []
+    npu = SimpleNamespace(synchronize=lambda: synchronized.append("npu"))
+    monkeypatch.setattr(torch, "npu", npu, raising=False)  # torch.npu, as torch_npu adds it
+    target.synchronize()
+    assert synchronized == ["npu"]
+
+
 def test_every_case_passes_with_its_errors(script: ModuleType, torch_npu: TorchNpuDouble) -> None:
-    found = list(script.results(list(STANDARD_OPS), [torch.bfloat16], "cpu", repeat=0))
+    found = run_cases(script.TARGET, dtypes=[torch.bfloat16], device="cpu", repeat=0)
     assert len(found) == sum(len(c.cases) for c in STANDARD_OPS.values())
     tolerance = STANDARD_OPS["rms_norm"].tolerance(torch.bfloat16)
     for result in found:
-        assert result.verdict == "passed", result.detail
-        assert result.errors[0] <= tolerance.atol * 4, result
-        assert result.speed is None  # timing skipped (repeat=0)
+        assert result.status == "passed", result.message
+        assert result.max_abs <= tolerance.atol * 4, result
+        assert result.time_ratio is None  # timing skipped (repeat=0)
+
+
+def test_the_command_line_runs_the_ascend_adapters(
+    script: ModuleType,
+    torch_npu: TorchNpuDouble,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    available = replace(script.TARGET, probe=lambda: Availability(True, "torch_npu double"))
+    monkeypatch.setattr(script, "TARGET", available)
+    assert script.main(["--device", "cpu", "--op", "rms_norm", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sglang-fl-ascend: torch_npu double\n")
+    cases = len(STANDARD_OPS["rms_norm"].cases)
+    assert out.splitlines()[-1] == f"{cases} passed, 0 failed, 0 skipped"
 
 
 def test_an_operator_the_hardware_rejects_is_a_named_failure(
-    script: ModuleType, torch_npu: TorchNpuDouble, monkeypatch: pytest.MonkeyPatch
+    script: ModuleType,
+    torch_npu: TorchNpuDouble,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def rejects(*args: object, **kwargs: object) -> None:
         raise RuntimeError("EZ9999: head_size 16 is not supported")
 
     monkeypatch.setattr(torch_npu, "npu_mrope", rejects)
-    found = list(script.results(["rotary_embedding"], [torch.float16], "cpu", repeat=0))
-    assert {r.verdict for r in found} == {"failed"}
-    assert "EZ9999: head_size 16 is not supported" in found[0].detail
+    found = run_cases(script.TARGET, ["rotary_embedding"], [torch.float16], device="cpu", repeat=0)
+    assert {r.status for r in found} == {"failed"}
+    assert "EZ9999: head_size 16 is not supported" in found[0].message
+    assert "impl 'vendor.ascend', case 'tokens=1," in found[0].message
 
-
-def test_worst_errors(script: ModuleType) -> None:
-    ours = [torch.tensor([1.0, 2.5]), torch.tensor([[0.25, -3.0]])]
-    reference = [torch.tensor([1.0, 2.0]), torch.tensor([[0.5, -4.0]])]
-    assert script.worst_errors(ours, reference) == pytest.approx((1.0, 0.5))
+    monkeypatch.setattr(script, "TARGET", replace(script.TARGET, probe=lambda: Availability(True)))
+    argv = ["--device", "cpu", "--op", "rotary_embedding", "--dtype", "float16", "--repeat", "0"]
+    assert script.main(argv) == 1
+    assert "    vendor " in capsys.readouterr().out  # the operator's message, under its row
 
 
 def test_unavailable_backend_exits_2_with_the_reason(

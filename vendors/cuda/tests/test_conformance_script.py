@@ -1,17 +1,26 @@
-"""The hardware conformance script's logic, run on the CPU against the sgl_kernel double."""
+"""The hardware conformance script's wiring, run on the CPU against the sgl_kernel double.
+
+The runner itself (report, timing, exit codes) is core's ``sglang_fl.testing.hardware``, tested
+in core; here: the script hands it the CUDA adapters as the plugin registers them, its probe,
+its device, synchronize and SGLang method.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 from sgl_kernel_double import SglKernelDouble
+from sglang_fl_cuda.backend import SGL_KERNEL
 
+from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.testing.hardware import render, run_cases, summary
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "conformance.py"
 
@@ -23,28 +32,29 @@ def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
     return module
 
 
-def run_on_cpu(script: ModuleType) -> list[object]:
-    return script.run(
-        list(STANDARD_OPS),
-        [torch.float16, torch.float32],
-        device="cpu",
-        repeat=1,
-        synchronize=lambda: None,
-        baseline=False,
+def test_the_target_is_cuda(script: ModuleType) -> None:
+    target = script.TARGET
+    assert (target.title, target.device, target.sglang_forward) == (
+        "sglang-fl-cuda",
+        "cuda",
+        "forward_cuda",
     )
+    assert target.synchronize is torch.cuda.synchronize
+    assert target.device_name is torch.cuda.get_device_name
+    assert target.probe == SGL_KERNEL.probe
 
 
 def test_every_case_is_checked_and_measured(
     script: ModuleType, sgl_kernel: SglKernelDouble
 ) -> None:
-    rows = run_on_cpu(script)
+    rows = run_cases(script.TARGET, dtypes=[torch.float16, torch.float32], device="cpu", repeat=0)
     expected = sum(len(c.cases) for c in STANDARD_OPS.values()) * 2
-    assert len(rows) == expected
+    assert len(rows) == expected  # every op is registered, every case run
     declined = [r for r in rows if r.status == "skipped"]
     assert {(r.op, r.dtype) for r in declined} == {("rms_norm", "float32")}
     passed = [r for r in rows if r.status == "passed"]
@@ -52,32 +62,45 @@ def test_every_case_is_checked_and_measured(
     for row in passed:
         tolerance = STANDARD_OPS[row.op].tolerance(getattr(torch, row.dtype))
         assert row.max_abs <= tolerance.atol + tolerance.rtol * 10, row
-        assert row.time_ratio is None  # no SGLang baseline asked for
-    report = script.render(rows)
-    assert "silu_and_mul      float16   passed" in report
-    assert script.summary(rows).startswith(
+        assert row.time_ratio is None  # no timing asked for
+    assert "silu_and_mul      float16   passed" in render(rows)
+    assert summary(rows, "forward_cuda").startswith(
         f"{len(passed)} passed, 0 failed, {len(declined)} skipped"
     )
 
 
+def test_the_command_line_runs_the_cuda_adapters(
+    script: ModuleType,
+    sgl_kernel: SglKernelDouble,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    available = replace(
+        script.TARGET, probe=lambda: Availability(True, "sgl_kernel double"), device_name=None
+    )
+    monkeypatch.setattr(script, "TARGET", available)
+    assert script.main(["--device", "cpu", "--op", "silu_and_mul", "--no-baseline"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sglang-fl-cuda: sgl_kernel double\n")
+    cases = len(STANDARD_OPS["silu_and_mul"].cases)
+    assert out.splitlines()[-1] == f"{cases * 3} passed, 0 failed, 0 skipped"
+
+
 def test_a_wrong_kernel_fails_with_the_case_named(
-    script: ModuleType, sgl_kernel: SglKernelDouble, monkeypatch: pytest.MonkeyPatch
+    script: ModuleType,
+    sgl_kernel: SglKernelDouble,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def zeros(input: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out.zero_()
 
     monkeypatch.setattr(sgl_kernel, "silu_and_mul", zeros)
-    rows = script.run(
-        ["silu_and_mul"], [torch.bfloat16], device="cpu", repeat=1, synchronize=lambda: None
-    )
+    rows = run_cases(script.TARGET, ["silu_and_mul"], [torch.bfloat16], device="cpu", repeat=1)
     assert {r.status for r in rows} == {"failed"}
-    assert "max abs error" in script.render(rows)
-
-
-def test_max_errors_over_all_outputs(script: ModuleType) -> None:
-    want = (torch.tensor([1.0, -2.0]), torch.tensor([0.0, 4.0]))
-    got = (torch.tensor([1.5, -2.0]), torch.tensor([0.1, 3.0]))
-    assert script.max_errors(got, want) == pytest.approx((1.0, 0.5))
+    first = STANDARD_OPS["silu_and_mul"].cases[0].name
+    assert f"impl 'vendor.cuda', case '{first}', dtype bfloat16" in rows[0].message
+    assert "max abs error" in render(rows)
 
 
 def test_unavailable_backend_exits_2_with_the_reason(

@@ -1,0 +1,272 @@
+"""The hardware conformance runner behind each vendor's ``scripts/conformance.py``.
+
+A vendor script describes its backend with a :class:`HardwareTarget` (how it registers, how it
+is probed, its device and synchronize call, the SGLang method it is timed against) and hands
+its command line to :func:`run_hardware_conformance`::
+
+    TARGET = HardwareTarget(
+        title="sglang-fl-acme",
+        register=register_builtins,
+        probe=ACME_SDK.probe,
+        device="acme",
+        synchronize=torch.acme.synchronize,
+        sglang_forward="forward_acme",
+    )
+    sys.exit(run_hardware_conformance(None, TARGET))
+
+For every case and dtype of each op contract the vendor implements, the implementation runs on
+the device through :func:`~sglang_fl.testing.checks.check_case` (tolerance, untouched inputs,
+in-place outputs); the report gives the max absolute and relative error against the reference
+on the same inputs, and the time per call divided by that of SGLang's own layer method on the
+same tensors (``n/a`` without SGLang, which is imported only for that baseline). Exit status:
+0 when every case passes or is declined (``Unsupported``), 1 when one fails, 2 when the backend
+is unavailable (the probe's reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..dispatch.registry import OpRegistry
+from ..dispatch.types import Availability, OpImpl
+from ..ops import STANDARD_OPS, OpCase, OpInputs
+from .checks import FAILED, PASSED, SKIPPED, _make_inputs, check_case, dtype_name
+
+__all__ = [
+    "DTYPES",
+    "HardwareTarget",
+    "Row",
+    "max_errors",
+    "render",
+    "run_cases",
+    "run_hardware_conformance",
+    "summary",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    dtype_name(d): d for d in (torch.float32, torch.float16, torch.bfloat16)
+}
+
+
+@dataclass(frozen=True)
+class HardwareTarget:
+    """What one vendor's conformance script knows and core does not."""
+
+    title: str  # the distribution, e.g. "sglang-fl-cuda": heads the report and its errors
+    register: Callable[[OpRegistry], object]  # the vendor's registration, as its plugin runs it
+    probe: Callable[[], Availability]  # whether the backend can run here, and why (not)
+    device: str  # the default --device
+    synchronize: Callable[[], None]  # waits for the device's queued work (timing only)
+    sglang_forward: str  # SGLang's layer method timed as the baseline, e.g. "forward_cuda"
+    device_name: Callable[[str], str] | None = None  # the device's name for the heading
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report: an op, dtype and case, its verdict and its numbers."""
+
+    op: str
+    dtype: str
+    case: str
+    status: str  # passed / failed / skipped (declined with Unsupported)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    time_ratio: float | None = None  # ours / SGLang's, per call; None when not timed
+    message: str = ""
+
+
+def run_cases(
+    target: HardwareTarget,
+    ops: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    *,
+    device: str | None = None,
+    repeat: int = 100,
+) -> list[Row]:
+    """Check (and, for ``repeat`` > 0, time) every case of ``ops`` in ``dtypes`` on ``device``.
+
+    ``ops`` defaults to those the vendor implements (a requested op it does not implement is a
+    failed row), ``dtypes`` to :data:`DTYPES`, ``device`` to the target's.
+    """
+    registry = OpRegistry()
+    target.register(registry)
+    if ops is None:
+        ops = [op for op in STANDARD_OPS if registry.implementations(op)]
+    dtypes, device = dtypes or tuple(DTYPES.values()), device or target.device
+    rows: list[Row] = []
+    for op in ops:
+        impls = registry.implementations(op)
+        if not impls:
+            message = f"{target.title} registers no implementation of op {op!r}"
+            rows.append(Row(op, "-", "-", FAILED, message=message))
+        for impl in impls:
+            for dtype in dtypes:
+                for case in STANDARD_OPS[op].cases:
+                    rows.append(_case_row(target, impl, case, dtype, device, repeat))
+    return rows
+
+
+def max_errors(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """Largest absolute and relative (to ``|want|``, where non-zero) error over all outputs."""
+    worst_abs = worst_rel = 0.0
+    for g, w in zip(got, want, strict=True):
+        ours, exact = g.detach().to("cpu", torch.float64), w.detach().to("cpu", torch.float64)
+        error = (ours - exact).abs()
+        worst_abs = max(worst_abs, error.max().item())
+        nonzero = exact != 0
+        if bool(nonzero.any()):
+            worst_rel = max(worst_rel, (error[nonzero] / exact[nonzero].abs()).max().item())
+    return worst_abs, worst_rel
+
+
+def render(rows: Sequence[Row]) -> str:
+    """The report table; each failure is followed by its message, indented."""
+    lines = [
+        f"{'op':<17} {'dtype':<9} {'status':<7} {'max_abs':>9} {'max_rel':>9} {'t/sglang':>8}  case"
+    ]
+    for r in rows:
+        numbers = (
+            f"{r.max_abs:9.2e} {r.max_rel:9.2e}"
+            if r.max_abs is not None and r.max_rel is not None
+            else f"{'-':>9} {'-':>9}"
+        )
+        ratio = f"{r.time_ratio:8.2f}" if r.time_ratio is not None else f"{'n/a':>8}"
+        lines.append(f"{r.op:<17} {r.dtype:<9} {r.status:<7} {numbers} {ratio}  {r.case}")
+        if r.status == FAILED:
+            lines.append("    " + r.message.replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+def summary(rows: Sequence[Row], sglang_forward: str) -> str:
+    """``12 passed, 0 failed, 3 skipped; time vs SGLang forward_cuda: median 0.91x``."""
+    counts = {s: sum(r.status == s for r in rows) for s in (PASSED, FAILED, SKIPPED)}
+    ratios = sorted(r.time_ratio for r in rows if r.time_ratio is not None)
+    text = ", ".join(f"{n} {s}" for s, n in counts.items())
+    if ratios:
+        text += f"; time vs SGLang {sglang_forward}: median {ratios[len(ratios) // 2]:.2f}x"
+    return text
+
+
+def run_hardware_conformance(argv: Sequence[str] | None, target: HardwareTarget) -> int:
+    """The vendor script's command line: 0 all passed or declined, 1 a failure, 2 unavailable."""
+    parser = argparse.ArgumentParser(
+        description=f"Hardware conformance of {target.title}: each op vs the reference, "
+        f"timed vs SGLang's {target.sglang_forward}."
+    )
+    parser.add_argument("--op", action="append", choices=sorted(STANDARD_OPS), help="repeatable")
+    parser.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="repeatable")
+    parser.add_argument("--device", default=target.device)
+    parser.add_argument(
+        "--repeat", type=int, default=100, help="timed calls per case; 0 skips timing"
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip SGLang timing")
+    options = parser.parse_args(argv)
+    if options.repeat < 0:
+        parser.error("--repeat must be 0 or more")
+
+    availability = target.probe()
+    if not availability.available:
+        print(f"{target.title} is unavailable here: {availability.reason}", file=sys.stderr)
+        return 2
+    name = f"; {target.device_name(options.device)}" if target.device_name else ""
+    print(f"{target.title}: {availability.reason}{name}")
+    rows = run_cases(
+        target,
+        options.op,
+        [DTYPES[d] for d in options.dtype] if options.dtype else None,
+        device=options.device,
+        repeat=0 if options.no_baseline else options.repeat,
+    )
+    print(render(rows))
+    print(summary(rows, target.sglang_forward))
+    return 1 if any(r.status == FAILED for r in rows) else 0
+
+
+# -- internals ----------------------------------------------------------------------------------
+
+
+def _case_row(
+    target: HardwareTarget, impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str, repeat: int
+) -> Row:
+    """Check one case; when it passes, measure its errors and (``repeat`` > 0) its time ratio."""
+    contract, name = STANDARD_OPS[impl.op_name], dtype_name(dtype)
+    outcome = check_case(impl, case, dtype, device)
+    if outcome.status != PASSED:
+        return Row(impl.op_name, name, case.name, outcome.status, message=outcome.message)
+    inputs = partial(_make_inputs, contract, case, dtype, device)  # fresh, same seed each call
+    max_abs, max_rel = max_errors(_call(impl.fn, inputs()), _call(contract.reference, inputs()))
+    ratio = _time_ratio(target, impl, inputs(), repeat) if repeat > 0 else None
+    return Row(impl.op_name, name, case.name, PASSED, max_abs, max_rel, ratio)
+
+
+def _call(fn: Callable[..., Any], inputs: OpInputs) -> tuple[torch.Tensor, ...]:
+    out = fn(inputs.obj, *inputs.args, **inputs.kwargs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _time_ratio(
+    target: HardwareTarget, impl: OpImpl, inputs: OpInputs, repeat: int
+) -> float | None:
+    """Time per call of ``impl`` over SGLang's own method on the same tensors; None without it."""
+    theirs = _sglang_layer_call(target.sglang_forward, impl.op_name, inputs)
+    if theirs is None:
+        return None
+    ours = _seconds_per_call(lambda: _call(impl.fn, inputs), repeat, target.synchronize)
+    return ours / _seconds_per_call(theirs, repeat, target.synchronize)
+
+
+def _seconds_per_call(
+    fn: Callable[[], object], repeat: int, synchronize: Callable[[], None]
+) -> float:
+    for _ in range(3):  # warm-up: kernel compilation, caches, allocator
+        fn()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    synchronize()
+    return (time.perf_counter() - start) / repeat
+
+
+def _sglang_layer_call(method: str, op: str, inputs: OpInputs) -> Callable[[], object] | None:
+    """SGLang's layer for the case, its ``method`` bound to the case's tensors; None without
+    SGLang (imported here only, never at import of this module)."""
+    try:
+        from sglang.srt.layers.activation import SiluAndMul
+        from sglang.srt.layers.layernorm import RMSNorm
+        from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+    except ImportError:
+        return None
+    obj, args = inputs.obj, inputs.args
+    if op == "silu_and_mul":
+        forward = getattr(SiluAndMul(), method)
+        return lambda: forward(args[0])
+    if op == "rms_norm":
+        norm = RMSNorm(obj.hidden_size, eps=obj.variance_epsilon).to(args[0].device)
+        norm.weight.data = obj.weight
+        forward = getattr(norm, method)
+        return lambda: forward(*args)
+    query, key, *_, positions = args
+    rope = RotaryEmbedding(
+        obj.head_size,
+        obj.rotary_dim,
+        obj.cos_sin_cache.shape[0],
+        10000,
+        obj.is_neox_style,
+        query.dtype,
+    ).to(query.device)
+    # SGLang rotates whole heads, flattened: [tokens, heads * head_size], where the case's
+    # (possibly partial-rotary) query and key are [tokens, heads, rotary_dim] views.
+    tokens, head_size = query.shape[0], obj.head_size
+    q = torch.zeros(tokens, query.shape[1] * head_size, dtype=query.dtype, device=query.device)
+    k = torch.zeros(tokens, key.shape[1] * head_size, dtype=key.dtype, device=key.device)
+    forward = getattr(rope, method)
+    return lambda: forward(positions, q, k)
