@@ -8,7 +8,7 @@ python="${PYTHON:-python3}"
 if [ ! -x "$tools/bin/nox" ]; then
     "$python" -m venv "$tools"
     "$tools/bin/python" -m pip install --quiet --upgrade pip
-    "$tools/bin/python" -m pip install --quiet "nox>=2024.4"
+    "$tools/bin/python" -m pip install --quiet "nox>=2024.10.9"  # --reuse-venv (scripts/demo.sh)
 fi
 cd "$root"
 exec "$tools/bin/nox" "$@"
