@@ -67,6 +67,64 @@ def install_torch_cpu(session: nox.Session) -> None:
     session.install(TORCH_CPU, "numpy")
 
 
+# SGLang on a CPU-only machine: the package without its CUDA-only pins, then what importing its
+# layers and running its Engine need (the recipe in the project notes on SGLang on CPU).
+SGLANG = "sglang==0.5.23"
+SGLANG_RUNTIME_DEPS = (
+    "numpy",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "packaging",
+    "pillow",
+    "starlette",
+    "msgspec",
+    "pyzmq",
+    "tqdm",
+    "ipython",
+    "pydantic",
+    "aiohttp",
+    "dill",
+    "gguf",
+    "transformers==5.19.0",
+    "tokenizers==0.23.2",
+    "apache-tvm-ffi==0.1.11",
+    "sentencepiece==0.2.1",
+    "compressed-tensors==0.18.0",
+    "triton==3.8.0",
+    "fastapi",
+    "uvicorn",
+    "uvloop",
+    "setproctitle",
+    "python-multipart",
+    "jsonschema",
+    "einops",
+    "partial-json-parser",
+    "openai==2.8.0",
+    "openai-harmony==0.0.4",
+    "xgrammar==0.2.7",
+    "soundfile==0.13.1",
+)
+
+
+def install_sglang(session: nox.Session) -> None:
+    """SGLang 0.5.23 and its run-time needs on the CPU (the notes' recipe)."""
+    session.install(*TORCH_SGLANG)
+    session.install("--no-deps", SGLANG)
+    session.install(*SGLANG_RUNTIME_DEPS)
+
+
+def install_sglang_and_core(session: nox.Session) -> Path:
+    """SGLang (see :func:`install_sglang`) and this checkout's core wheel; returns the wheel."""
+    install_sglang(session)
+    core = build(session, "core")["core"]
+    # --force-reinstall: a reused demo venv must run this checkout's core, not an older wheel.
+    session.install("--force-reinstall", "--no-deps", str(core))
+    session.install(str(core))  # its own dependencies (pluggy, ...)
+    return core
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree: lint rules and formatting."""
@@ -134,47 +192,6 @@ def kit(session: nox.Session) -> None:
     session.run("pytest", "tests/kit", *session.posargs, env=env)
 
 
-# SGLang for the benchmarks: the package without its CUDA-only pins, then what importing its
-# layers needs (the recipe in the project notes on SGLang on CPU-only machines).
-BENCH_SGLANG = "sglang==0.5.23"
-BENCH_SGLANG_DEPS = (
-    "numpy",
-    "orjson",
-    "psutil",
-    "pybase64",
-    "requests",
-    "packaging",
-    "pillow",
-    "starlette",
-    "msgspec",
-    "pyzmq",
-    "tqdm",
-    "ipython",
-    "pydantic",
-    "aiohttp",
-    "dill",
-    "gguf",
-    "transformers==5.19.0",
-    "tokenizers==0.23.2",
-    "apache-tvm-ffi==0.1.11",
-    "sentencepiece==0.2.1",
-    "compressed-tensors==0.18.0",
-    "triton==3.8.0",
-    "fastapi",
-    "uvicorn",
-    "uvloop",
-    "setproctitle",
-    "python-multipart",
-    "jsonschema",
-    "einops",
-    "partial-json-parser",
-    "openai==2.8.0",
-    "openai-harmony==0.0.4",
-    "xgrammar==0.2.7",
-    "soundfile==0.13.1",
-)
-
-
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks (not part of the test command): per-call overhead, start-up, reference speed.
@@ -184,9 +201,8 @@ def bench(session: nox.Session) -> None:
     benchmarks/results/latest.{json,md} and startup.png and prints the tables;
     ``-- --update-readme`` also refreshes the README's table, ``-- --quick`` is a shorter run.
     """
-    session.install(*TORCH_SGLANG)
-    session.install("--no-deps", BENCH_SGLANG)
-    session.install(*BENCH_SGLANG_DEPS, "matplotlib")
+    install_sglang(session)
+    session.install("matplotlib")
     wheels = [str(wheel) for wheel in build(session, *distribution_dirs()).values()]
     session.install(*wheels)
     startup_venv = Path(session.create_tmp()) / "startup-venv"
@@ -198,22 +214,10 @@ def bench(session: nox.Session) -> None:
     session.run(*run, *session.posargs)
 
 
-def install_sglang(session: nox.Session) -> Path:
-    """SGLang 0.5.23 on the CPU (the notes' recipe) and the core wheel; returns the wheel."""
-    session.install(*TORCH_SGLANG)
-    session.install("--no-deps", BENCH_SGLANG)
-    session.install(*BENCH_SGLANG_DEPS)
-    core = build(session, "core")["core"]
-    # --force-reinstall: a reused demo venv must run this checkout's core, not an older wheel.
-    session.install("--force-reinstall", "--no-deps", str(core))
-    session.install(str(core))  # its own dependencies (pluggy, ...)
-    return core
-
-
 @nox.session
 def sglang(session: nox.Session) -> None:
     """SGLang through sglang-fl on the CPU: layers, Engine, HTTP server, a vendor wheel."""
-    install_sglang(session)
+    install_sglang_and_core(session)
     session.install("pytest")
     session.run("pytest", "tests/sglang", *session.posargs)
 
@@ -221,5 +225,5 @@ def sglang(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: a tiny model built offline, SGLang generating on the CPU, the report."""
-    install_sglang(session)
+    install_sglang_and_core(session)
     session.run("python", "scripts/demo.py", *session.posargs)

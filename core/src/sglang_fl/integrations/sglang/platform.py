@@ -68,7 +68,9 @@ def in_tree_accelerator() -> str | None:
             if probe():
                 return name
         except Exception as exc:  # a broken probe means "not this accelerator"
-            _log.debug("platform probe %s failed: %s", name, exc)
+            _log.warning(
+                "sglang-fl: the %s platform probe failed (%s); assuming no %s", name, exc, name
+            )
     return None
 
 
