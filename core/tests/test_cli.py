@@ -47,6 +47,11 @@ def sglang_fl_register_ops(registry):
 """
 
 
+def value_and_source(entry: dict) -> dict:
+    """The effective value and where it came from (``variable``/``help`` are checked apart)."""
+    return {"value": entry["value"], "source": entry["source"]}
+
+
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
@@ -332,15 +337,18 @@ def test_doctor_json(capsys, plugin_site, only, tmp_path, monkeypatch):
     assert "version" in data["sglang"]
     configuration = data["configuration"]
     assert configuration["config_file"] == str(config)
-    assert configuration["settings"]["deny_vendors"] == {
+    assert value_and_source(configuration["settings"]["deny_vendors"]) == {
         "value": ["evil"],
         "source": f"config file {config}",
     }
-    assert configuration["settings"]["plugins"] == {
+    assert value_and_source(configuration["settings"]["plugins"]) == {
         "value": ["acme", "broken"],
         "source": "environment SGLANG_FL_PLUGINS",
     }
-    assert configuration["settings"]["prefer"] == {"value": None, "source": "default"}
+    assert value_and_source(configuration["settings"]["prefer"]) == {
+        "value": None,
+        "source": "default",
+    }
     assert data["plugins"]["loaded"][:2] == ["reference", "acme"]
     assert data["plugins"]["failed"] == ["broken"]
     assert len(data["problems"]) == 1

@@ -11,6 +11,11 @@ from sglang_fl import ConfigError
 from sglang_fl.config import SETTINGS, OrderToken, Settings
 
 
+def value_and_source(entry: dict) -> dict:
+    """The effective value and where it came from (``variable``/``help`` are checked apart)."""
+    return {"value": entry["value"], "source": entry["source"]}
+
+
 def settings(**env: str) -> Settings:
     return Settings.from_environment({f"SGLANG_FL_{k.upper()}": v for k, v in env.items()})
 
@@ -350,14 +355,19 @@ def test_to_dict_is_json_shaped(tmp_path):
     s = settings(config=path, deny_vendors="x", dispatch_log=str(tmp_path / "d.jsonl"))
     data = json.loads(json.dumps(s.to_dict()))
     assert data["config_file"] == path
-    assert data["settings"]["per_op"] == {
+    assert value_and_source(data["settings"]["per_op"]) == {
         "value": {"rms_norm": ["vendor:cuda", "reference"]},
         "source": f"config file {path}",
     }
-    assert data["settings"]["deny_vendors"] == {
+    assert value_and_source(data["settings"]["deny_vendors"]) == {
         "value": ["x"],
         "source": "environment SGLANG_FL_DENY_VENDORS",
     }
     assert data["settings"]["dispatch_log"]["value"] == str(tmp_path / "d.jsonl")
-    assert data["settings"]["prefer"] == {"value": None, "source": "default"}
+    assert value_and_source(data["settings"]["prefer"]) == {"value": None, "source": "default"}
     assert list(data["settings"]) == [s.key for s in SETTINGS]
+    for setting in SETTINGS:
+        entry = data["settings"][setting.key]
+        assert entry["variable"] == f"SGLANG_FL_{setting.key.upper()}"
+        assert entry["help"] == setting.help
+        assert entry["help"]

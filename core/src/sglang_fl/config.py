@@ -245,7 +245,12 @@ class Settings:
         return {
             "config_file": None if self.config_file is None else str(self.config_file),
             "settings": {
-                s.key: {"value": plain(getattr(self, s.key)), "source": self.sources.get(s.key)}
+                s.key: {
+                    "value": plain(getattr(self, s.key)),
+                    "source": self.sources.get(s.key),
+                    "variable": s.env,
+                    "help": s.help,
+                }
                 for s in SETTINGS
             },
         }
