@@ -18,7 +18,10 @@ from sglang_fl.testing.checks import (
     check_case,
     check_signature,
     compare,
+    contract_grid,
+    dtype_name,
     parse_selector,
+    registered_by,
 )
 
 PROVENANCE = Provenance(plugin="acme", distribution="sglang-fl-acme", version="1.2.3")
@@ -249,3 +252,25 @@ def test_parse_selector(text: str | None, expected: tuple[str | None, str | None
 def test_parse_selector_unknown_op_suggests() -> None:
     with pytest.raises(KeyError, match="did you mean 'rms_norm'"):
         parse_selector("acme:rms_nrom")
+
+
+def test_contract_grid_spans_every_case_and_dtype_with_kit_ids():
+    contract = STANDARD_OPS["rms_norm"]
+    grid = list(contract_grid("rms_norm"))
+    assert len(grid) == len(contract.cases) * len(contract.dtypes)
+    assert {(case.name, dtype) for case, dtype, _ in grid} == {
+        (case.name, dtype) for case in contract.cases for dtype in contract.dtypes
+    }
+    case, dtype, case_id = grid[0]
+    assert case_id == f"{dtype_name(dtype)}/{case.name}"
+
+
+def test_registered_by_holds_only_that_registration():
+    def register(registry):
+        registry.register(
+            OpImpl("silu_and_mul", "vendor.solo", BackendImplKind.VENDOR, lambda obj, x: x, "solo")
+        )
+
+    registry = registered_by(register)
+    assert [i.impl_id for i in registry.implementations("silu_and_mul")] == ["vendor.solo"]
+    assert registry.implementations("rms_norm") == ()

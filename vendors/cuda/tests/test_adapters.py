@@ -16,24 +16,16 @@ from sglang_fl_cuda.impl.normalization import rms_norm
 from sglang_fl_cuda.impl.rotary import rotary_embedding
 
 from sglang_fl import Unsupported
-from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS
-from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
 
-
-def registered() -> dict[str, OpImpl]:
-    registry = OpRegistry()
-    plugin.sglang_fl_register_ops(registry)
-    return {op: impl for op in STANDARD_OPS for impl in registry.implementations(op)}
-
-
-IMPLS = registered()
+REGISTRY = registered_by(plugin.sglang_fl_register_ops)
+IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op)}
 CASES = [
-    pytest.param(op, case, dtype, id=f"{op}/{str(dtype).removeprefix('torch.')}/{case.name}")
-    for op, contract in STANDARD_OPS.items()
-    for dtype in contract.dtypes
-    for case in contract.cases
+    pytest.param(op, case, dtype, id=f"{op}/{case_id}")
+    for op in STANDARD_OPS
+    for case, dtype, case_id in contract_grid(op)
 ]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..dispatch.availability import AvailabilityCache
+from ..dispatch.registry import OpRegistry
 from ..dispatch.types import Availability, BackendImplKind, OpImpl
 from ..errors import Unsupported
 from ..loader import DISABLED, LOADED, PluginRecord
@@ -240,11 +241,24 @@ def _impl_checks(impl: OpImpl, label: str, device: str) -> Iterator[Check]:
         reason = f"{describe(impl)} is unavailable here: {availability.reason}"
         yield Check(f"{label}/unavailable", _const(Outcome(SKIPPED, reason)))
         return
-    contract = get_contract(impl.op_name)
+    for case, dtype, case_id in contract_grid(impl.op_name):
+        yield Check(f"{label}/{case_id}", _bind(check_case, impl, case, dtype, device))
+
+
+def contract_grid(op: str) -> Iterator[tuple[OpCase, torch.dtype, str]]:
+    """Every case and dtype of ``op``'s contract, with its id ``dtype/case`` as the kit names it."""
+    contract = get_contract(op)
     for dtype in contract.dtypes:
         for case in contract.cases:
-            check_id = f"{label}/{dtype_name(dtype)}/{case.name}"
-            yield Check(check_id, _bind(check_case, impl, case, dtype, device))
+            yield case, dtype, f"{dtype_name(dtype)}/{case.name}"
+
+
+def registered_by(register: Callable[[OpRegistry], object]) -> OpRegistry:
+    """A fresh registry filled by one vendor's registration alone (its hook function or seed
+    ``register_builtins``): checks that vendor's adapters without loading any plugin."""
+    registry = OpRegistry()
+    register(registry)
+    return registry
 
 
 def probe(impl: OpImpl) -> Availability:

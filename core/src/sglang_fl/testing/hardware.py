@@ -38,7 +38,15 @@ import torch
 from ..dispatch.registry import OpRegistry
 from ..dispatch.types import Availability, OpImpl
 from ..ops import STANDARD_OPS, OpCase, OpInputs
-from .checks import FAILED, PASSED, SKIPPED, _make_inputs, check_case, dtype_name
+from .checks import (
+    FAILED,
+    PASSED,
+    SKIPPED,
+    _make_inputs,
+    check_case,
+    dtype_name,
+    registered_by,
+)
 
 __all__ = [
     "DTYPES",
@@ -96,8 +104,7 @@ def run_cases(
     ``ops`` defaults to those the vendor implements (a requested op it does not implement is a
     failed row), ``dtypes`` to :data:`DTYPES`, ``device`` to the target's.
     """
-    registry = OpRegistry()
-    target.register(registry)
+    registry = registered_by(target.register)
     if ops is None:
         ops = [op for op in STANDARD_OPS if registry.implementations(op)]
     dtypes, device = dtypes or tuple(DTYPES.values()), device or target.device
