@@ -585,6 +585,43 @@ def test_platform_all_none(plugin_site):
     assert load(plugins="p_none").platform() is None
 
 
+RAISING_PLATFORM_PLUGIN = """
+from sglang_fl import hookimpl
+
+@hookimpl
+def sglang_fl_platform():
+    raise RuntimeError("driver exploded")
+"""
+
+
+def test_platform_hook_raising_is_reported_and_skipped(plugin_site, caplog):
+    # Loaded after p_chip (plugins load sorted by name), so pluggy asks it first.
+    plugin_site.plugin("p_wreck", RAISING_PLATFORM_PLUGIN)
+    plugin_site.plugin("p_chip", PLATFORM_PLUGIN.format(result="chip.platform:ChipPlatform"))
+    runtime = load(plugins="p_wreck,p_chip")
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.runtime"):
+        assert runtime.platform() == "chip.platform:ChipPlatform"
+    assert "plugin 'p_wreck': sglang_fl_platform raised RuntimeError: driver exploded" in (
+        caplog.text
+    )
+
+
+@pytest.mark.parametrize("answer", [42, "", ["a:B"]])
+def test_platform_answer_that_is_not_a_class_path_is_ignored(plugin_site, caplog, answer):
+    plugin_site.plugin("p_odd", PLATFORM_PLUGIN.format(result=answer))
+    runtime = load(plugins="p_odd")
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.runtime"):
+        assert runtime.platform() is None
+    assert f"sglang_fl_platform returned {answer!r}, not a class path or None" in caplog.text
+
+
+def test_platform_hook_raising_under_strict_raises(plugin_site):
+    plugin_site.plugin("p_boom", RAISING_PLATFORM_PLUGIN)
+    runtime = load(plugins="p_boom", strict="1")
+    with pytest.raises(PluginLoadError, match=r"p_boom.*driver exploded"):
+        runtime.platform()
+
+
 def test_plugin_record_to_dict(plugin_site):
     plugin_site.plugin("acme", hook_plugin("acme"), version="0.9")
     data = load(plugins="acme").plugin("acme").to_dict()

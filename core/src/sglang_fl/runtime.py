@@ -7,6 +7,7 @@ twice). SGLang's spawned workers are new interpreters and load their own, once.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -18,11 +19,13 @@ from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
-from .errors import SglangFlError
+from .errors import PluginLoadError, SglangFlError
 from .loader import PluginRecord, load_plugins, new_plugin_manager
 from .ops import STANDARD_OPS, unknown_op_message
 
 __all__ = ["Runtime", "get_runtime", "reset_runtime"]
+
+_log = logging.getLogger(__name__)
 
 
 class Runtime:
@@ -66,9 +69,31 @@ class Runtime:
         return results
 
     def platform(self) -> str | None:
-        """First non-``None`` ``sglang_fl_platform()`` result of the loaded plugins."""
-        result: str | None = self.plugin_manager.hook.sglang_fl_platform()
-        return result
+        """First non-``None`` ``sglang_fl_platform()`` result of the loaded plugins.
+
+        Each plugin is asked alone, in pluggy's order, so one that raises or answers something
+        other than a class path is reported (and skipped, or raised under STRICT) instead of
+        taking SGLang's platform selection down with it.
+        """
+        pm = self.plugin_manager
+        for impl in reversed(pm.hook.sglang_fl_platform.get_hookimpls()):
+            others = [p for p in pm.get_plugins() if p is not impl.plugin]
+            ask = pm.subset_hook_caller("sglang_fl_platform", remove_plugins=others)
+            try:
+                result = ask()
+            except Exception as exc:
+                problem = f"sglang_fl_platform raised {type(exc).__name__}: {exc}"
+            else:
+                if result is None or (isinstance(result, str) and result.strip()):
+                    if result is not None:
+                        return result
+                    continue
+                problem = f"sglang_fl_platform returned {result!r}, not a class path or None"
+            message = f"plugin {impl.plugin_name!r}: {problem}"
+            if self.config.strict:
+                raise PluginLoadError(f"SGLANG_FL_STRICT=1: {message}")
+            _log.warning("%s; its platform answer is ignored", message)
+        return None
 
     def plugin(self, name: str) -> PluginRecord:
         for record in self.plugins:
