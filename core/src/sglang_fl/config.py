@@ -89,10 +89,11 @@ def _parse_order(raw: Any, where: str) -> tuple[OrderToken, ...]:
     return tokens
 
 
-def _parse_prefer(raw: Any, where: str) -> OrderToken:
-    if not isinstance(raw, str) or not raw.strip():
+def _parse_prefer(raw: Any, where: str) -> OrderToken | None:
+    """One token; empty means unset, like the other settings' empty values."""
+    if not isinstance(raw, str):
         raise ConfigError(f"{where}={raw!r}: expected one of {TOKEN_HELP}")
-    return OrderToken.parse(raw, where)
+    return OrderToken.parse(raw, where) if raw.strip() else None
 
 
 def _check_op(name: str, where: str) -> str:
