@@ -130,11 +130,6 @@ class OpContract:
             ) from None
 
 
-def signature_of(stub: Callable[..., Any]) -> inspect.Signature:
-    """The contract signature, read from a stub whose parameters document the op."""
-    return inspect.signature(stub)
-
-
 STANDARD_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
     torch.float16: Tolerance(atol=1e-3, rtol=1e-3),

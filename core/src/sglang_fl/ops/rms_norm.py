@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any
 
@@ -15,7 +16,6 @@ from .contract import (
     OpInputs,
     layer,
     random_tensor,
-    signature_of,
 )
 
 
@@ -84,7 +84,7 @@ CONTRACT = OpContract(
     name="rms_norm",
     sglang_layer="RMSNorm",
     summary="RMS normalisation with an optional fused residual add (fp32 accumulation)",
-    signature=signature_of(_signature),
+    signature=inspect.signature(_signature),
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any
 
@@ -15,7 +16,6 @@ from .contract import (
     OpInputs,
     layer,
     random_tensor,
-    signature_of,
 )
 
 MAX_POSITIONS = 64
@@ -140,7 +140,7 @@ CONTRACT = OpContract(
     name="rotary_embedding",
     sglang_layer="RotaryEmbedding",
     summary="Rotary position embedding of q and k (neox or interleaved, partial rotary)",
-    signature=signature_of(_signature),
+    signature=inspect.signature(_signature),
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

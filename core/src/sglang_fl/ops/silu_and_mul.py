@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any
 
@@ -16,7 +17,6 @@ from .contract import (
     OpInputs,
     layer,
     random_tensor,
-    signature_of,
 )
 
 
@@ -53,7 +53,7 @@ CONTRACT = OpContract(
     name="silu_and_mul",
     sglang_layer="SiluAndMul",
     summary="SwiGLU gate: silu of the first half of the last dim times the second half",
-    signature=signature_of(_signature),
+    signature=inspect.signature(_signature),
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
