@@ -40,15 +40,6 @@ def report_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return rows
 
 
-def print_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()
-    print(line)
-    print("-" * len(line))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
@@ -65,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine_run import generate
     from tiny_models import build_tiny_model
 
+    from sglang_fl.cli import format_table
     from sglang_fl.integrations.sglang.report import read_log
 
     print(f"== building (or reusing) a tiny {args.arch} model offline", flush=True)
@@ -82,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no SGLang layer was resolved: is sglang-fl installed in this environment?")
         return 1
-    print_table(rows, ("process", "layer", "runs", "provenance / reason"))
+    print(format_table(rows, ("process", "layer", "runs", "provenance / reason")))
     routed = {r["op"] for r in records if r["event"] == "layer" and r["runner"] == "sglang-fl"}
     missing = {"silu_and_mul", "rms_norm", "rotary_embedding"} - routed
     if missing:

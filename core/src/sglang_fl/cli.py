@@ -64,7 +64,8 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: Callable[[], 
         print(text())
 
 
-def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """Left-aligned columns under a dashed rule; ``None`` cells print empty."""
     cells = [list(map(str, header)), *[["" if c is None else str(c) for c in r] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [
@@ -90,7 +91,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             )
             for p in records
         ]
-        out = _table(rows, ("plugin", "distribution", "version", "status", "hooks", "error"))
+        out = format_table(rows, ("plugin", "distribution", "version", "status", "hooks", "error"))
         if args.verbose:
             out += "".join(
                 f"\n\n{p.name}: {p.details}" for p in runtime.plugins if p.details is not None
@@ -135,7 +136,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
             "available",
             "verdict",
         )
-        return _table(rows, header) + "\n(* = chosen; `sglang-fl explain OP` for the trace)"
+        return format_table(rows, header) + "\n(* = chosen; `sglang-fl explain OP` for the trace)"
 
     _emit(args, {"ops": reports}, text)
     return 0 if all(r["error"] is None for r in reports) else 1
