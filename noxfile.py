@@ -7,11 +7,14 @@ environment, from built wheels, never from the source tree.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
+from nox.virtualenv import VirtualEnv
 
 ROOT = Path(__file__).parent
 CORE = ROOT / "core"
@@ -28,6 +31,26 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit", "sglang"]
+
+
+def releases_venv(session_func: Callable[..., None]) -> Callable[..., None]:
+    """Delete the session's venv once the session has passed, unless nox was asked to reuse it.
+
+    The whole suite creates one venv per session, each holding torch (about 1 GB, 6 GB for
+    SGLang); kept, they add up to more disk than a CI machine may have free. A fresh venv is
+    rebuilt on the next run anyway, so only ``-r``/``--reuse-venv`` runs (the demo) keep theirs,
+    and a failed session keeps its venv for inspection.
+    """
+
+    @functools.wraps(session_func)
+    def run(session: nox.Session, *args: object, **kwargs: object) -> None:
+        session_func(session, *args, **kwargs)
+        venv = session.virtualenv
+        if isinstance(venv, VirtualEnv) and not venv.reuse_existing:
+            shutil.rmtree(venv.location)
+            session.log(f"removed {venv.location} (pass -r to keep a session's venv)")
+
+    return run
 
 
 def distribution_dirs() -> dict[str, Path]:
@@ -134,6 +157,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@releases_venv
 def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
@@ -154,6 +178,7 @@ def wheels(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("name", VENDOR_NAMES)
+@releases_venv
 def vendor(session: nox.Session, name: str) -> None:
     """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
     install_torch_cpu(session)
@@ -171,6 +196,7 @@ def vendor(session: nox.Session, name: str) -> None:
 
 
 @nox.session
+@releases_venv
 def cross(session: nox.Session) -> None:
     """Cross-distribution tests: throwaway vendor wheels built and installed by the tests."""
     install_torch_cpu(session)
@@ -180,6 +206,7 @@ def cross(session: nox.Session) -> None:
 
 
 @nox.session
+@releases_venv
 def kit(session: nox.Session) -> None:
     """Vendor kit end to end: new-vendor, one op, wheel, fresh venv, conformance, `ops`.
 
@@ -215,6 +242,7 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+@releases_venv
 def sglang(session: nox.Session) -> None:
     """SGLang through sglang-fl on the CPU: layers, Engine, HTTP server, a vendor wheel."""
     install_sglang_and_core(session)

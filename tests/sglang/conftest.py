@@ -8,6 +8,7 @@ These tests run in a venv holding SGLang 0.5.23 and the installed sglang-fl whee
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ HERE = Path(__file__).parent
 # module imports SGLang, hence at conftest import time.
 _IN_PROCESS_LOG = Path(tempfile.mkdtemp(prefix="sglang-fl-tests-")) / "in-process.jsonl"
 os.environ["SGLANG_FL_DISPATCH_LOG"] = str(_IN_PROCESS_LOG)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The in-process log lives outside tmp_path (it is set before pytest's own); remove it."""
+    shutil.rmtree(_IN_PROCESS_LOG.parent)
 
 
 @pytest.fixture(scope="session")
