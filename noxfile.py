@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,7 +87,25 @@ def build(session: nox.Session, *names: str, sdist: bool = False) -> dict[str, P
     return wheels
 
 
+# Disk a venv takes, measured: torch's CPU build with numpy, and SGLang's stack (torch 2.14.1 with
+# its CUDA libraries, triton, transformers, ...), each with a margin.
+TORCH_CPU_VENV_GB = 1.5
+SGLANG_VENV_GB = 7.0
+
+
+def require_free_disk(session: nox.Session, path: str | Path, needed_gb: float, what: str) -> None:
+    """Stop the session with a clear message before an install that cannot fit on the disk."""
+    free_gb = shutil.disk_usage(path).free / 2**30
+    if free_gb < needed_gb:
+        session.error(
+            f"{what} needs about {needed_gb:g} GB free on the disk holding {path}; "
+            f"{free_gb:.1f} GB is free. Free some space (old .nox/ venvs, temporary files) "
+            "and run again."
+        )
+
+
 def install_torch_cpu(session: nox.Session) -> None:
+    require_free_disk(session, session.virtualenv.location, TORCH_CPU_VENV_GB, "torch (CPU)")
     session.install(TORCH_CPU, "numpy")
 
 
@@ -133,6 +152,7 @@ SGLANG_RUNTIME_DEPS = (
 
 def install_sglang(session: nox.Session) -> None:
     """SGLang 0.5.23 and its run-time needs on the CPU (the notes' recipe)."""
+    require_free_disk(session, session.virtualenv.location, SGLANG_VENV_GB, "SGLang's venv")
     session.install(*TORCH_SGLANG)
     session.install("--no-deps", SGLANG)
     session.install(*SGLANG_RUNTIME_DEPS)
@@ -213,6 +233,8 @@ def kit(session: nox.Session) -> None:
     The test makes its own fresh venv (core wheel + torch) the way a chip maker would; this
     session only builds the core wheel and runs pytest.
     """
+    # The walkthrough's own venv (torch and core) lives in pytest's temporary directory.
+    require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The kit's venv")
     built = build(session, "core")
     session.install("pytest")
     env = {"KIT_CORE_WHEEL": str(built["core"]), "KIT_TORCH": TORCH_CPU}
