@@ -8,7 +8,6 @@ each probed lazily through :meth:`AscendBackend.is_available`.
 from __future__ import annotations
 
 from sglang_fl.dispatch.registry import OpRegistry
-from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl
 
 from .ascend import AscendBackend
 from .impl.activation import silu_and_mul_npu
@@ -17,20 +16,12 @@ from .impl.rotary import rotary_embedding_npu
 
 
 def register_builtins(registry: OpRegistry) -> None:
-    backend = AscendBackend()
     registry.register_many(
-        OpImpl(
-            op_name=op_name,
-            impl_id="vendor.ascend",
-            kind=BackendImplKind.VENDOR,
-            fn=fn,
-            vendor=backend.name,
-            priority=BackendPriority.VENDOR,
-            available=backend.is_available,
-        )
-        for op_name, fn in (
-            ("silu_and_mul", silu_and_mul_npu),
-            ("rms_norm", rms_norm_npu),
-            ("rotary_embedding", rotary_embedding_npu),
+        AscendBackend().implementations(
+            {
+                "silu_and_mul": silu_and_mul_npu,
+                "rms_norm": rms_norm_npu,
+                "rotary_embedding": rotary_embedding_npu,
+            }
         )
     )
