@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -25,8 +26,6 @@ DIST_DIR = ROOT / ".nox" / "_dist"
 
 # torch for sessions that do not run SGLang: the CPU build that lies on this machine's disk.
 TORCH_CPU = "torch==2.13.0"
-# What SGLang 0.5.23 pins: torch 2.14.1 with its matching torchvision.
-TORCH_SGLANG = ("torch==2.14.1", "torchvision==0.29.1")
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
@@ -109,53 +108,40 @@ def install_torch_cpu(session: nox.Session) -> None:
     session.install(TORCH_CPU, "numpy")
 
 
-# SGLang on a CPU-only machine: the package without its CUDA-only pins, then what importing its
-# layers and running its Engine need (the recipe in the project notes on SGLang on CPU).
-SGLANG = "sglang==0.5.23"
-SGLANG_RUNTIME_DEPS = (
-    "numpy",
-    "orjson",
-    "psutil",
-    "pybase64",
-    "requests",
-    "packaging",
-    "pillow",
-    "starlette",
-    "msgspec",
-    "pyzmq",
-    "tqdm",
-    "ipython",
-    "pydantic",
-    "aiohttp",
-    "dill",
-    "gguf",
-    "transformers==5.19.0",
-    "tokenizers==0.23.2",
-    "apache-tvm-ffi==0.1.11",
-    "sentencepiece==0.2.1",
-    "compressed-tensors==0.18.0",
-    "triton==3.8.0",
-    "fastapi",
-    "uvicorn",
-    "uvloop",
-    "setproctitle",
-    "python-multipart",
-    "jsonschema",
-    "einops",
-    "partial-json-parser",
-    "openai==2.8.0",
-    "openai-harmony==0.0.4",
-    "xgrammar==0.2.7",
-    "soundfile==0.13.1",
-)
+# SGLang on a CPU-only machine: torch, then the package without its CUDA-only pins, then what
+# importing its layers and running its Engine need; the file says why each group is there.
+SGLANG_REQUIREMENTS = ROOT / "requirements" / "sglang-cpu.txt"
+SGLANG_SECTIONS = ("torch", "sglang", "runtime")
+_SECTION = re.compile(r"#\s*\[([a-z]+)\]")
+
+
+def requirement_sections(path: Path) -> dict[str, list[str]]:
+    """The requirements of each ``# [section]`` of ``path``, in file order."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        header = _SECTION.fullmatch(raw.strip())
+        if header:
+            current = sections.setdefault(header.group(1), [])
+            continue
+        requirement = raw.split("#", 1)[0].strip()
+        if not requirement:
+            continue
+        if current is None:
+            raise ValueError(f"{path}:{number}: {requirement!r} stands before any # [section] line")
+        current.append(requirement)
+    if tuple(sections) != SGLANG_SECTIONS:
+        raise ValueError(f"{path}: sections {list(sections)}; expected {list(SGLANG_SECTIONS)}")
+    return sections
 
 
 def install_sglang(session: nox.Session) -> None:
-    """SGLang 0.5.23 and its run-time needs on the CPU (the notes' recipe)."""
+    """SGLang 0.5.23 and its run-time needs on the CPU (requirements/sglang-cpu.txt)."""
     require_free_disk(session, session.virtualenv.location, SGLANG_VENV_GB, "SGLang's venv")
-    session.install(*TORCH_SGLANG)
-    session.install("--no-deps", SGLANG)
-    session.install(*SGLANG_RUNTIME_DEPS)
+    sections = requirement_sections(SGLANG_REQUIREMENTS)
+    session.install(*sections["torch"])
+    session.install("--no-deps", *sections["sglang"])
+    session.install(*sections["runtime"])
 
 
 def install_sglang_and_core(session: nox.Session) -> Path:
@@ -170,10 +156,17 @@ def install_sglang_and_core(session: nox.Session) -> Path:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree: lint rules and formatting."""
+    """ruff over the whole tree (lint rules, formatting); mypy over core's and the vendors' code.
+
+    mypy reads the real torch, pluggy and pytest types (configured in pyproject.toml,
+    ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not.
+    """
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    install_torch_cpu(session)
+    session.install("mypy>=1.11", "pluggy>=1.3", "packaging>=21", "pytest>=7")
+    session.run("mypy")
 
 
 @nox.session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_fl import RegistrationError
+from sglang_fl import RegistrationError, UnknownOpError
 from sglang_fl.dispatch.registry import DIRECT_PROVENANCE, OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl, Provenance
 
@@ -70,7 +70,7 @@ def test_register_many_keeps_registration_order(registry):
 
 
 def test_implementations_of_unknown_op_suggests(registry):
-    with pytest.raises(KeyError, match="did you mean 'silu_and_mul'"):
+    with pytest.raises(UnknownOpError, match="did you mean 'silu_and_mul'"):
         registry.implementations("silu_and_mull")
 
 

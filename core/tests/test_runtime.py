@@ -79,7 +79,7 @@ def test_bad_configuration_raises_and_leaves_no_runtime(monkeypatch):
 
 
 def test_resolve_unknown_op_suggests():
-    with pytest.raises(KeyError, match="did you mean 'rotary_embedding'"):
+    with pytest.raises(sglang_fl.UnknownOpError, match="did you mean 'rotary_embedding'"):
         runtime_module.get_runtime().resolve("rotary_embeding")
 
 

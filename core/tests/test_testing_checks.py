@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_fl import Unsupported
+from sglang_fl import UnknownOpError, Unsupported
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl, Provenance
 from sglang_fl.ops import STANDARD_OPS, Tolerance, get_contract
 from sglang_fl.testing.checks import (
@@ -250,7 +250,7 @@ def test_parse_selector(text: str | None, expected: tuple[str | None, str | None
 
 
 def test_parse_selector_unknown_op_suggests() -> None:
-    with pytest.raises(KeyError, match="did you mean 'rms_norm'"):
+    with pytest.raises(UnknownOpError, match="did you mean 'rms_norm'"):
         parse_selector("acme:rms_nrom")
 
 

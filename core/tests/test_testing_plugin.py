@@ -161,10 +161,12 @@ def test_plan_without_vendors_is_a_skip() -> None:
     from types import SimpleNamespace
 
     from sglang_fl.dispatch.registry import OpRegistry
-    from sglang_fl.loader import LOADED, PluginRecord
+    from sglang_fl.loader import PluginRecord, PluginStatus
 
     reference_only = SimpleNamespace(
-        plugins=(PluginRecord("reference", "m", "sglang-fl", "0.1.0", LOADED, builtin=True),),
+        plugins=(
+            PluginRecord("reference", "m", "sglang-fl", "0.1.0", PluginStatus.LOADED, builtin=True),
+        ),
         registry=OpRegistry(),
     )
     (check,) = plan(runtime=reference_only)

@@ -1,11 +1,12 @@
 """sglang-fl: route SGLang's fused operators to the kernels of any chip.
 
-The names exported here are the stable API for plugin authors; see ``docs/architecture.md``.
+The names exported here are the stable API: for plugin authors, those of :mod:`sglang_fl.types`
+(documented there); for hosts, :func:`get_runtime` and the errors. See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ConfigError,
@@ -14,22 +15,42 @@ from .errors import (
     RegistrationError,
     SglangFlError,
     StrictModeError,
+    UnknownOpError,
     Unsupported,
 )
 from .hookspecs import hookimpl, hookspec
+from .types import (
+    Availability,
+    Backend,
+    BackendImplKind,
+    BackendPriority,
+    ChipSdk,
+    OpImpl,
+    Provenance,
+)
 
 if TYPE_CHECKING:
+    from .dispatch.registry import OpRegistry
     from .runtime import Runtime
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Availability",
+    "Backend",
+    "BackendImplKind",
+    "BackendPriority",
+    "ChipSdk",
     "ConfigError",
     "NoImplementationError",
+    "OpImpl",
+    "OpRegistry",
     "PluginLoadError",
+    "Provenance",
     "RegistrationError",
     "SglangFlError",
     "StrictModeError",
+    "UnknownOpError",
     "Unsupported",
     "__version__",
     "get_runtime",
@@ -43,3 +64,12 @@ def get_runtime() -> Runtime:
     from .runtime import get_runtime as _get_runtime
 
     return _get_runtime()
+
+
+def __getattr__(name: str) -> Any:
+    # OpRegistry imports torch (through the op contracts): loaded on first use, like the runtime.
+    if name == "OpRegistry":
+        from .types import OpRegistry
+
+        return OpRegistry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,56 +12,71 @@ import importlib.util
 import json
 import platform
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import __version__, scaffold
 from .config import Settings
+from .dispatch.resolve import CandidateOutcome
 from .errors import NoImplementationError, SglangFlError
-from .loader import ENTRY_POINT_GROUP, FAILED
+from .loader import ENTRY_POINT_GROUP, PluginStatus
 from .ops import STANDARD_OPS, get_contract
 from .runtime import Runtime
-
-SCHEMA_VERSION = 1
+from .schema import (
+    SCHEMA_VERSION,
+    DecisionJson,
+    DoctorPayload,
+    ExplainPayload,
+    OpReport,
+    OpsPayload,
+    PluginsPayload,
+    TorchReport,
+)
 
 
 def _runtime() -> Runtime:
     return Runtime(Settings.from_environment(), inspecting=True)
 
 
-def _op_report(runtime: Runtime, op_name: str) -> dict[str, Any]:
+def _op_report(runtime: Runtime, op_name: str) -> OpReport:
     """One op's decision record, or its error, plus the contract's identity."""
     contract = get_contract(op_name)
-    report: dict[str, Any] = {
+    error: str | None = None
+    try:
+        decision = runtime.resolve(op_name).decision.to_dict()
+    except SglangFlError as exc:
+        # NoImplementationError carries the decision that rejected every candidate;
+        # StrictModeError (an explicit choice that cannot be met) carries none.
+        error = str(exc)
+        carried = exc.decision if isinstance(exc, NoImplementationError) else None
+        decision = carried.to_dict() if carried is not None else _undecided(runtime, op_name)
+    return {
         "op": op_name,
         "signature": contract.signature_text(),
         "sglang_layer": contract.sglang_layer,
+        "chosen": decision["chosen"],
+        "error": error,
+        "order": decision["order"],
+        "order_source": decision["order_source"],
+        "candidates": decision["candidates"],
     }
-    try:
-        decision = runtime.resolve(op_name).decision
-    except NoImplementationError as exc:
-        if exc.decision is not None:
-            return {**report, **exc.decision.to_dict(), "error": str(exc)}
-        failure: SglangFlError = exc
-    except SglangFlError as exc:  # StrictModeError: an explicit choice that cannot be met
-        failure = exc
-    else:
-        return {**report, **decision.to_dict(), "error": None}
+
+
+def _undecided(runtime: Runtime, op_name: str) -> DecisionJson:
+    """The order an op would have used, for an error that carries no decision."""
+    plan = runtime.policy.plan(op_name)
     return {
-        **report,
+        "op": op_name,
         "chosen": None,
-        "order": [str(token) for token in runtime.policy.order_for(op_name)],
-        "order_source": runtime.policy.order_source(op_name),
+        "order": list(plan.texts()),
+        "order_source": plan.source,
         "candidates": [],
-        "error": str(failure),
     }
 
 
-def _emit(args: argparse.Namespace, payload: dict[str, Any], text: Callable[[], str]) -> None:
-    if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2))
-    else:
-        print(text())
+def _emit(args: argparse.Namespace, payload: Mapping[str, Any], text: Callable[[], str]) -> None:
+    """``payload`` (one of :mod:`sglang_fl.schema`'s payloads) as JSON, or ``text()``."""
+    print(json.dumps(payload, indent=2) if args.json else text())
 
 
 def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
@@ -98,7 +113,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             )
         return out
 
-    _emit(args, {"entry_point_group": ENTRY_POINT_GROUP, "plugins": records}, text)
+    payload: PluginsPayload = {
+        "schema_version": SCHEMA_VERSION,
+        "entry_point_group": ENTRY_POINT_GROUP,
+        "plugins": records,
+    }
+    _emit(args, payload, text)
     return 0
 
 
@@ -107,13 +127,13 @@ def cmd_ops(args: argparse.Namespace) -> int:
     reports = [_op_report(runtime, op) for op in STANDARD_OPS]
 
     def text() -> str:
-        rows = []
+        rows: list[tuple[object, ...]] = []
         for report in reports:
             if report["error"] is not None:
                 rows.append((report["op"], "-", "", "", "", "", "", f"ERROR: {report['error']}"))
                 continue
             for c in report["candidates"]:
-                mark = "*" if c["outcome"] == "chosen" else ""
+                mark = "*" if c["outcome"] is CandidateOutcome.CHOSEN else ""
                 rows.append(
                     (
                         report["op"],
@@ -138,7 +158,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
         )
         return format_table(rows, header) + "\n(* = chosen; `sglang-fl explain OP` for the trace)"
 
-    _emit(args, {"ops": reports}, text)
+    payload: OpsPayload = {"schema_version": SCHEMA_VERSION, "ops": reports}
+    _emit(args, payload, text)
     return 0 if all(r["error"] is None for r in reports) else 1
 
 
@@ -159,15 +180,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"{c['version']})]"
             )
             lines.append(f"            {c['reason']}")
-            if c["availability_reason"] and c["outcome"] != "rejected":
+            if c["availability_reason"] and c["outcome"] is not CandidateOutcome.REJECTED:
                 lines.append(f"            availability: {c['availability_reason']}")
         return "\n".join(lines)
 
-    _emit(args, report, text)
+    payload: ExplainPayload = {"schema_version": SCHEMA_VERSION, **report}
+    _emit(args, payload, text)
     return 0 if report["error"] is None else 1
 
 
-def _torch_report() -> dict[str, Any]:
+def _torch_report() -> TorchReport:
     try:
         import torch
     except ImportError as exc:
@@ -197,7 +219,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     problems = [
         f"plugin {p.name!r} ({p.distribution}) failed: {p.error}"
         for p in runtime.plugins
-        if p.status == FAILED
+        if p.status is PluginStatus.FAILED
     ]
     if problems and runtime.config.strict:
         problems.append("SGLANG_FL_STRICT=1: SGLang start-up would abort on the failure(s) above")
@@ -206,7 +228,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             runtime.resolve(op_name)
         except SglangFlError as exc:
             problems.append(f"op {op_name!r}: {exc}")
-    payload = {
+    payload: DoctorPayload = {
+        "schema_version": SCHEMA_VERSION,
         "sglang_fl": {"version": __version__, "module": __file__},
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
@@ -214,8 +237,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "sglang": {"version": _installed_version("sglang")},
         "configuration": runtime.config.to_dict(),
         "plugins": {
-            status: [p.name for p in runtime.plugins if p.status == status]
-            for status in ("loaded", "failed", "disabled")
+            status.value: [p.name for p in runtime.plugins if p.status is status]
+            for status in PluginStatus
         },
         "problems": problems,
     }
@@ -251,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sglang-fl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str):
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(handler=handler)
@@ -271,9 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
-    except (SglangFlError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"sglang-fl: error: {message}", file=sys.stderr)
+    except SglangFlError as exc:  # bad input; anything else is a bug and keeps its traceback
+        print(f"sglang-fl: error: {exc}", file=sys.stderr)
         return 2
 
 

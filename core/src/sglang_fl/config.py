@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dispatch.types import BackendImplKind, OpImpl
 from .errors import ConfigError
 from .ops import STANDARD_OPS, unknown_op_message
+from .schema import ConfigurationJson
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,30 +34,57 @@ _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_KINDS = ("flagos", "vendor", "reference")
-DEFAULT_ORDER = _KINDS
-TOKEN_HELP = "flagos, vendor, vendor:<name>, reference, impl:<impl_id>"
+# Where a setting that no file or variable sets comes from (``sglang-fl doctor``, decisions).
+DEFAULT_SOURCE = "default"
+# ``impl:<impl_id>`` names one implementation; every other token is a BackendImplKind value.
+IMPL_TOKEN = "impl"
+TOKEN_HELP = ", ".join(
+    [
+        *(
+            f"{kind}, {kind}:<name>" if kind is BackendImplKind.VENDOR else str(kind)
+            for kind in BackendImplKind
+        ),
+        f"{IMPL_TOKEN}:<impl_id>",
+    ]
+)
 
 
 @dataclass(frozen=True)
 class OrderToken:
-    """One entry of a selection order: a kind, a named vendor, or one implementation."""
+    """One entry of a selection order: a kind, a named vendor, or one implementation.
 
-    kind: str  # "flagos" | "vendor" | "reference" | "impl"
+    ``kind`` is a :class:`BackendImplKind` (``value``: the vendor, for ``vendor:<name>``) or
+    :data:`IMPL_TOKEN` (``value``: the impl_id).
+    """
+
+    kind: BackendImplKind | str
     value: str | None = None
 
     def __str__(self) -> str:
-        return self.kind if self.value is None else f"{self.kind}:{self.value}"
+        return str(self.kind) if self.value is None else f"{self.kind}:{self.value}"
 
     @classmethod
     def parse(cls, text: str, where: str) -> OrderToken:
         token = text.strip()
         kind, sep, value = token.partition(":")
-        if not sep and kind in _KINDS:
-            return cls(kind)
-        if sep and kind in ("vendor", "impl") and value and _NAME.match(value):
-            return cls(kind, value)
+        if not sep and kind in _KIND_TOKENS:
+            return cls(BackendImplKind(kind))
+        if sep and kind == BackendImplKind.VENDOR and value and _NAME.match(value):
+            return cls(BackendImplKind.VENDOR, value)
+        if sep and kind == IMPL_TOKEN and value and _NAME.match(value):
+            return cls(IMPL_TOKEN, value)
         raise ConfigError(f"{where}: invalid selection token {token!r}; allowed: {TOKEN_HELP}")
+
+    def matches(self, impl: OpImpl) -> bool:
+        """Whether ``impl`` is one of the implementations this token names."""
+        if self.kind == IMPL_TOKEN:
+            return impl.impl_id == self.value
+        return impl.kind == self.kind and (self.value is None or impl.vendor == self.value)
+
+
+# The order used when no setting gives one: every kind, in BackendImplKind's order.
+DEFAULT_ORDER = tuple(OrderToken(kind) for kind in BackendImplKind)
+_KIND_TOKENS = {kind.value for kind in BackendImplKind}
 
 
 def _parse_bool(raw: Any, where: str) -> bool:
@@ -206,7 +235,7 @@ class Settings:
         """Defaults, then ``SGLANG_FL_CONFIG``'s file, then the other ``SGLANG_FL_*``."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
-        sources = {s.key: "default" for s in SETTINGS}
+        sources = {s.key: DEFAULT_SOURCE for s in SETTINGS}
         config_file = None
         raw_path = environ.get(ENV_PREFIX + "CONFIG", "").strip()
         if raw_path:
@@ -231,7 +260,7 @@ class Settings:
                 sources[setting.key] = f"environment {setting.env}"
         return cls(**values, config_file=config_file, sources=sources)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ConfigurationJson:
         """JSON-able effective settings with their sources."""
 
         def plain(value: Any) -> Any:

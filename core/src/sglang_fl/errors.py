@@ -24,6 +24,17 @@ class PluginLoadError(SglangFlError):
     """A vendor plugin failed to load (raised only with ``SGLANG_FL_STRICT=1``)."""
 
 
+class UnknownOpError(SglangFlError, KeyError):
+    """An op name that is not a standard op; the message names the close match.
+
+    A ``KeyError`` too, so a lookup by op name fails the way a mapping lookup does.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's str() is the repr of its key; this error's argument is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
 class NoImplementationError(SglangFlError, LookupError):
     """No candidate implementation of an op survived selection.
 

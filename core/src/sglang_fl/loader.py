@@ -20,21 +20,34 @@ import pluggy
 
 from . import __version__, hookspecs
 from . import reference as reference_backend
+from ._strenum import StrEnum
 from .config import Settings
 from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
+from .schema import PluginJson, PluginSummary
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginRecord", "load_plugins", "new_plugin_manager"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginRecord",
+    "PluginStatus",
+    "call_plugin_hook",
+    "load_plugins",
+    "new_plugin_manager",
+]
 
 ENTRY_POINT_GROUP = "sglang_fl.backends"
 CORE_DISTRIBUTION = "sglang-fl"
 
-LOADED = "loaded"
-FAILED = "failed"
-DISABLED = "disabled"
-
 _log = logging.getLogger(__name__)
+
+
+class PluginStatus(StrEnum):
+    """How a plugin's load went, as ``sglang-fl plugins`` reports it."""
+
+    LOADED = "loaded"  # its registrations are kept
+    FAILED = "failed"  # import, validation or its hook failed: nothing of it is kept
+    DISABLED = "disabled"  # left out by SGLANG_FL_PLUGINS / SGLANG_FL_DISABLE_PLUGINS: not imported
 
 
 @dataclass
@@ -45,21 +58,28 @@ class PluginRecord:
     module: str
     distribution: str | None
     version: str | None
-    status: str
+    status: PluginStatus
     hooks: tuple[str, ...] = ()
     error: str | None = None
     builtin: bool = False
     details: str | None = field(default=None, repr=False)  # traceback, for --verbose
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary(self) -> PluginSummary:
+        """Name, status, distribution, version and error: the dispatch report's columns."""
         return {
             "name": self.name,
-            "module": self.module,
+            "status": self.status,
             "distribution": self.distribution,
             "version": self.version,
-            "status": self.status,
-            "hooks": list(self.hooks),
             "error": self.error,
+        }
+
+    def to_dict(self) -> PluginJson:
+        """The full record, as ``sglang-fl plugins --json`` prints it."""
+        return {
+            **self.summary(),
+            "module": self.module,
+            "hooks": list(self.hooks),
             "builtin": self.builtin,
         }
 
@@ -108,7 +128,7 @@ def load_plugins(
         records.append(record)
     records.extend(unreadable)
     for record in records:
-        if record.status == FAILED:
+        if record.status is PluginStatus.FAILED:
             _log.warning(
                 "sglang-fl plugin %r from %s failed to load: %s",
                 record.name,
@@ -146,7 +166,7 @@ def _discover() -> tuple[list[EntryPoint], list[PluginRecord]]:
                     module="entry_points.txt",
                     distribution=name,
                     version=dist.version,
-                    status=FAILED,
+                    status=PluginStatus.FAILED,
                     error=f"unreadable entry_points.txt: {type(exc).__name__}: {exc}",
                 )
             )
@@ -163,7 +183,7 @@ def _load_reference(registry: OpRegistry, pm: pluggy.PluginManager) -> PluginRec
         module=reference_backend.__name__,
         distribution=CORE_DISTRIBUTION,
         version=__version__,
-        status=LOADED,
+        status=PluginStatus.LOADED,
         hooks=_hook_names(pm, reference_backend),
         builtin=True,
     )
@@ -182,18 +202,16 @@ def _load_entry_point(
         module=ep.value,
         distribution=dist.metadata["Name"] if dist is not None else None,
         version=dist.version if dist is not None else None,
-        status=DISABLED,
+        status=PluginStatus.LOADED,  # unless a step below fails or the settings block it
     )
     if ep.name == reference_backend.PLUGIN_NAME or ep.name in seen:
         owner = CORE_DISTRIBUTION if ep.name not in seen else seen[ep.name].distribution
         return _failed(record, f"plugin name {ep.name!r} is already taken by {owner}")
-    if settings.plugins is not None and ep.name not in settings.plugins:
-        record.error = f"not in SGLANG_FL_PLUGINS ({settings.sources['plugins']})"
-        return record
-    if ep.name in settings.disable_plugins:
-        record.error = (
-            f"listed in SGLANG_FL_DISABLE_PLUGINS ({settings.sources['disable_plugins']})"
-        )
+    blocked = _blocked_reason(ep.name, settings)
+    if blocked is not None:
+        # Blocked in pluggy too (pytest's `-p no:NAME`): nothing can register under this name.
+        pm.set_blocked(ep.name)
+        record.status, record.error = PluginStatus.DISABLED, blocked
         return record
 
     try:
@@ -237,13 +255,21 @@ def _load_entry_point(
             f"sglang_fl_register_ops raised {type(exc).__name__}: {exc}",
             traceback.format_exc(),
         )
-    record.status = LOADED
     record.hooks = _hook_names(pm, plugin)
     return record
 
 
+def _blocked_reason(name: str, settings: Settings) -> str | None:
+    """Why the settings leave the entry point ``name`` out, or ``None`` to load it."""
+    if settings.plugins is not None and name not in settings.plugins:
+        return f"not in SGLANG_FL_PLUGINS ({settings.sources['plugins']})"
+    if name in settings.disable_plugins:
+        return f"listed in SGLANG_FL_DISABLE_PLUGINS ({settings.sources['disable_plugins']})"
+    return None
+
+
 def _failed(record: PluginRecord, error: str, details: str | None = None) -> PluginRecord:
-    record.status, record.error, record.details = FAILED, error, details
+    record.status, record.error, record.details = PluginStatus.FAILED, error, details
     return record
 
 
@@ -255,11 +281,20 @@ def _hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
     return tuple(sorted(h.name for h in pm.get_hookcallers(plugin) or ()))
 
 
+def call_plugin_hook(
+    pm: pluggy.PluginManager, plugin: object, hook_name: str, **kwargs: object
+) -> Any:
+    """Call ``plugin``'s implementation of ``hook_name`` alone and return what pluggy returns.
+
+    Goes through pluggy (a subset hook caller), so tracing shows the call; used where one
+    plugin's failure must be told apart from the others'.
+    """
+    others = [p for p in pm.get_plugins() if p is not plugin]
+    return pm.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+
+
 def _call_register_ops(
     pm: pluggy.PluginManager, plugin: object, registry: OpRegistry, provenance: Provenance
 ) -> None:
-    """Call one plugin's ``sglang_fl_register_ops`` through pluggy (so tracing shows it)."""
-    others = [p for p in pm.get_plugins() if p is not plugin]
-    caller = pm.subset_hook_caller("sglang_fl_register_ops", remove_plugins=others)
     with registry.plugin_scope(provenance):
-        caller(registry=registry)
+        call_plugin_hook(pm, plugin, "sglang_fl_register_ops", registry=registry)

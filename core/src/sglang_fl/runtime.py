@@ -20,7 +20,7 @@ from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
 from .errors import PluginLoadError, SglangFlError
-from .loader import PluginRecord, load_plugins, new_plugin_manager
+from .loader import PluginRecord, call_plugin_hook, load_plugins, new_plugin_manager
 from .ops import STANDARD_OPS
 
 __all__ = ["Runtime", "get_runtime", "reset_runtime"]
@@ -49,7 +49,7 @@ class Runtime:
         cached = self._resolutions.get(op_name)
         if cached is not None:
             return cached
-        with self._lock:  # an unknown op: the registry raises KeyError naming the close match
+        with self._lock:  # an unknown op: the registry raises UnknownOpError (close match)
             cached = self._resolutions.get(op_name)
             if cached is None:
                 cached = resolve(op_name, self.registry, self.policy, self._availability)
@@ -75,17 +75,15 @@ class Runtime:
         """
         pm = self.plugin_manager
         for impl in reversed(pm.hook.sglang_fl_platform.get_hookimpls()):
-            others = [p for p in pm.get_plugins() if p is not impl.plugin]
-            ask = pm.subset_hook_caller("sglang_fl_platform", remove_plugins=others)
             try:
-                result = ask()
+                result = call_plugin_hook(pm, impl.plugin, "sglang_fl_platform")
             except Exception as exc:
                 problem = f"sglang_fl_platform raised {type(exc).__name__}: {exc}"
             else:
-                if result is None or (isinstance(result, str) and result.strip()):
-                    if result is not None:
-                        return result
+                if result is None:
                     continue
+                if isinstance(result, str) and result.strip():
+                    return result
                 problem = f"sglang_fl_platform returned {result!r}, not a class path or None"
             message = f"plugin {impl.plugin_name!r}: {problem}"
             if self.config.strict:

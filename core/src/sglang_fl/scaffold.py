@@ -20,6 +20,8 @@ from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 
+from packaging.version import Version
+
 from . import __version__
 from .errors import SglangFlError
 from .loader import ENTRY_POINT_GROUP
@@ -91,7 +93,8 @@ class VendorNames:
     @property
     def core_requirement(self) -> str:
         """``sglang-fl>=0.1,<0.2``: the core minor series this template was written for."""
-        major, minor = (int(part) for part in __version__.split(".")[:2])
+        core = Version(__version__)
+        major, minor = core.major, core.minor
         upper = f"{major + 1}" if major else f"{major}.{minor + 1}"
         return f"sglang-fl>={major}.{minor},<{upper}"
 
@@ -185,7 +188,9 @@ def new_vendor(name: str, directory: Path | None = None) -> tuple[Path, list[Pat
     return target, files
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_cli(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add ``new-vendor`` to the ``sglang-fl`` command line (called by :mod:`sglang_fl.cli`)."""
     help_text = "generate a vendor wheel project for a new chip"
     parser = subparsers.add_parser(

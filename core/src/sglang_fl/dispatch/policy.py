@@ -4,24 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import DEFAULT_ORDER, OrderToken, Settings
-from .types import BackendImplKind, OpImpl
+from ..config import DEFAULT_ORDER, DEFAULT_SOURCE, OrderToken, Settings
+from .types import OpImpl
 
-__all__ = ["SelectionPolicy"]
-
-_KIND_OF_TOKEN = {
-    "flagos": BackendImplKind.DEFAULT,
-    "vendor": BackendImplKind.VENDOR,
-    "reference": BackendImplKind.REFERENCE,
-}
+__all__ = ["OrderPlan", "SelectionPolicy"]
 
 
-def token_matches(token: OrderToken, impl: OpImpl) -> bool:
-    if token.kind == "impl":
-        return impl.impl_id == token.value
-    if impl.kind is not _KIND_OF_TOKEN[token.kind]:
-        return False
-    return token.value is None or impl.vendor == token.value
+@dataclass(frozen=True)
+class OrderPlan:
+    """One op's order, computed once per resolution: its tokens and which setting gave them.
+
+    ``explicit`` is true when the user chose the order (``prefer`` or the op's ``per_op``
+    entry): then a first token nobody satisfies is a warning, or an error under STRICT.
+    """
+
+    op: str
+    tokens: tuple[OrderToken, ...]
+    source: str
+    explicit: bool
+
+    def rank(self, impl: OpImpl) -> int | None:
+        """Position of the first token ``impl`` matches, or ``None`` if it matches none."""
+        for index, token in enumerate(self.tokens):
+            if token.matches(impl):
+                return index
+        return None
+
+    def texts(self) -> tuple[str, ...]:
+        """The tokens as written in settings and decision records (``vendor:cuda``)."""
+        return tuple(map(str, self.tokens))
 
 
 @dataclass(frozen=True)
@@ -30,34 +41,17 @@ class SelectionPolicy:
 
     settings: Settings
 
-    def order_for(self, op_name: str) -> tuple[OrderToken, ...]:
+    def plan(self, op_name: str) -> OrderPlan:
         """The per-op order if one is set, else ``prefer`` followed by the default order."""
-        explicit = self.settings.per_op.get(op_name)
+        settings = self.settings
+        explicit = settings.per_op.get(op_name)
         if explicit is not None:
-            return explicit
-        default = tuple(OrderToken(kind) for kind in DEFAULT_ORDER)
-        prefer = self.settings.prefer
+            return OrderPlan(op_name, explicit, settings.sources.get("per_op", "per_op"), True)
+        prefer = settings.prefer
         if prefer is None:
-            return default
-        return (prefer, *(token for token in default if token != prefer))
-
-    def order_source(self, op_name: str) -> str:
-        """Which setting decided the order of ``op_name`` (for decision records)."""
-        if op_name in self.settings.per_op:
-            return self.settings.sources.get("per_op", "per_op")
-        if self.settings.prefer is not None:
-            return self.settings.sources.get("prefer", "prefer")
-        return "default"
-
-    def is_explicit(self, op_name: str) -> bool:
-        return op_name in self.settings.per_op or self.settings.prefer is not None
-
-    def rank(self, op_name: str, impl: OpImpl) -> tuple[int, OrderToken] | None:
-        """Position of the first order token ``impl`` matches, or ``None`` if it matches none."""
-        for index, token in enumerate(self.order_for(op_name)):
-            if token_matches(token, impl):
-                return index, token
-        return None
+            return OrderPlan(op_name, DEFAULT_ORDER, DEFAULT_SOURCE, False)
+        tokens = (prefer, *(token for token in DEFAULT_ORDER if token != prefer))
+        return OrderPlan(op_name, tokens, settings.sources.get("prefer", "prefer"), True)
 
     def vendor_refusal(self, impl: OpImpl) -> str | None:
         """Why the allow/deny vendor lists exclude ``impl``, or ``None``."""

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from ..errors import RegistrationError
+from ..errors import RegistrationError, UnknownOpError
 from ..ops import STANDARD_OPS, unknown_op_message
 from .types import BackendImplKind, OpImpl, Provenance
 
@@ -56,10 +56,13 @@ class OpRegistry:
     # -- queries ------------------------------------------------------------------------------
 
     def implementations(self, op_name: str) -> tuple[OpImpl, ...]:
-        """Every committed implementation of ``op_name``, in registration order."""
+        """Every committed implementation of ``op_name``, in registration order.
+
+        An op that is not a standard op raises :class:`~sglang_fl.errors.UnknownOpError`.
+        """
         with self._lock:
             if op_name not in self._impls:
-                raise KeyError(unknown_op_message(op_name))
+                raise UnknownOpError(unknown_op_message(op_name))
             return tuple(self._impls[op_name])
 
     def ops(self) -> tuple[str, ...]:
@@ -100,7 +103,8 @@ class OpRegistry:
             self._impls[impl.op_name].append(impl)
             self._owners.setdefault(impl.impl_id, impl.provenance)
 
-    def _validate(self, impl: OpImpl, provenance: Provenance) -> None:
+    def _validate(self, impl: object, provenance: Provenance) -> None:
+        """Plugins are not type-checked: anything may arrive here, and is named if refused."""
         who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
         if not isinstance(impl, OpImpl):
             raise RegistrationError(
@@ -116,10 +120,11 @@ class OpRegistry:
             raise RegistrationError(
                 f"{who} registered an op with impl_id={impl.impl_id!r}; expected a non-empty string"
             )
-        if not isinstance(impl.kind, BackendImplKind):
+        kind: object = impl.kind  # a plain "vendor" passes the type hint's check, not this one
+        if not isinstance(kind, BackendImplKind):
             allowed = ", ".join(f"BackendImplKind.{k.name}" for k in BackendImplKind)
             raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} with kind={impl.kind!r}; allowed: {allowed}"
+                f"{who} registered {impl.impl_id!r} with kind={kind!r}; allowed: {allowed}"
             )
         if impl.kind is BackendImplKind.VENDOR and not impl.vendor:
             raise RegistrationError(

@@ -12,19 +12,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._strenum import StrEnum
 from ..errors import NoImplementationError, StrictModeError, Unsupported
+from ..schema import CandidateJson, DecisionJson, provenance_fields
 from .availability import AvailabilityCache
-from .policy import SelectionPolicy
+from .policy import OrderPlan, SelectionPolicy
 from .registry import OpRegistry
 from .types import Availability, OpImpl
 
-__all__ = ["CandidateVerdict", "Decision", "Resolution", "resolve"]
+__all__ = ["CandidateOutcome", "CandidateVerdict", "Decision", "Resolution", "resolve"]
 
 _log = logging.getLogger(__name__)
 
-CHOSEN = "chosen"
-FALLBACK = "fallback"
-REJECTED = "rejected"
+
+class CandidateOutcome(StrEnum):
+    """A candidate's fate in a decision."""
+
+    CHOSEN = "chosen"  # runs the op
+    FALLBACK = "fallback"  # usable; gets a call the chosen one declines with Unsupported
+    REJECTED = "rejected"  # never runs here (vendor list, order, availability)
 
 
 @dataclass(frozen=True)
@@ -32,21 +38,18 @@ class CandidateVerdict:
     """One candidate's fate: chosen, kept as fallback (and why it lost), or rejected (why)."""
 
     impl: OpImpl
-    outcome: str
+    outcome: CandidateOutcome
     reason: str
     availability: Availability | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CandidateJson:
         impl = self.impl
-        provenance = impl.provenance
         return {
             "impl_id": impl.impl_id,
-            "kind": impl.kind.value,
+            "kind": impl.kind,
             "vendor": impl.vendor,
             "priority": int(impl.priority),
-            "plugin": provenance.plugin if provenance else None,
-            "distribution": provenance.distribution if provenance else None,
-            "version": provenance.version if provenance else None,
+            **provenance_fields(impl.provenance),
             "available": None if self.availability is None else self.availability.available,
             "availability_reason": None if self.availability is None else self.availability.reason,
             "outcome": self.outcome,
@@ -67,16 +70,19 @@ class Decision:
     def chosen(self) -> OpImpl:
         """The implementation that runs; a decision carried by an error has none."""
         for verdict in self.candidates:
-            if verdict.outcome == CHOSEN:
+            if verdict.outcome is CandidateOutcome.CHOSEN:
                 return verdict.impl
         raise LookupError(f"op {self.op!r} has no usable implementation")
 
     @property
     def fallbacks(self) -> tuple[OpImpl, ...]:
-        return tuple(c.impl for c in self.candidates if c.outcome == FALLBACK)
+        return tuple(c.impl for c in self.candidates if c.outcome is CandidateOutcome.FALLBACK)
 
-    def to_dict(self) -> dict[str, Any]:
-        chosen = next((c.impl.impl_id for c in self.candidates if c.outcome == CHOSEN), None)
+    def to_dict(self) -> DecisionJson:
+        chosen = next(
+            (c.impl.impl_id for c in self.candidates if c.outcome is CandidateOutcome.CHOSEN),
+            None,
+        )
         return {
             "op": self.op,
             "chosen": chosen,
@@ -95,6 +101,20 @@ class Resolution:
     decision: Decision
 
 
+@dataclass(frozen=True)
+class _Survivor:
+    """A candidate that passed the vendor lists, the order and its availability probe."""
+
+    rank: int  # position of the first order token it matches
+    impl: OpImpl
+    availability: Availability
+
+    @property
+    def sort_key(self) -> tuple[int, int, str]:
+        """Earlier in the order, then higher priority, then impl_id."""
+        return self.rank, -int(self.impl.priority), self.impl.impl_id
+
+
 def resolve(
     op_name: str,
     registry: OpRegistry,
@@ -102,95 +122,96 @@ def resolve(
     availability: AvailabilityCache,
 ) -> Resolution:
     """Choose the implementation of ``op_name``; raises :class:`NoImplementationError`."""
-    order = policy.order_for(op_name)
-    verdicts: list[CandidateVerdict] = []
-    survivors: list[tuple[int, int, str, OpImpl, Availability]] = []
+    plan = policy.plan(op_name)
+    rejected: list[CandidateVerdict] = []
+    survivors: list[_Survivor] = []
     for impl in registry.implementations(op_name):
         refusal = policy.vendor_refusal(impl)
         if refusal is not None:
-            verdicts.append(CandidateVerdict(impl, REJECTED, refusal))
+            rejected.append(CandidateVerdict(impl, CandidateOutcome.REJECTED, refusal))
             continue
-        ranked = policy.rank(op_name, impl)
-        if ranked is None:
-            order_text = ", ".join(map(str, order))
-            verdicts.append(
-                CandidateVerdict(impl, REJECTED, f"matches no token of the order [{order_text}]")
-            )
+        rank = plan.rank(impl)
+        if rank is None:
+            why = f"matches no token of the order [{', '.join(plan.texts())}]"
+            rejected.append(CandidateVerdict(impl, CandidateOutcome.REJECTED, why))
             continue
         state = availability.check(impl)
         if not state.available:
-            verdicts.append(CandidateVerdict(impl, REJECTED, f"unavailable: {state.reason}", state))
+            why = f"unavailable: {state.reason}"
+            rejected.append(CandidateVerdict(impl, CandidateOutcome.REJECTED, why, state))
             continue
-        survivors.append((ranked[0], -int(impl.priority), impl.impl_id, impl, state))
+        survivors.append(_Survivor(rank, impl, state))
 
     if not survivors:
-        details = "; ".join(f"{v.impl.impl_id}: {v.reason}" for v in verdicts) or "none registered"
+        details = "; ".join(f"{v.impl.impl_id}: {v.reason}" for v in rejected) or "none registered"
         raise NoImplementationError(
             f"no usable implementation of op {op_name!r} ({details})",
-            Decision(
-                op_name, tuple(map(str, order)), policy.order_source(op_name), tuple(verdicts)
-            ),
+            Decision(op_name, plan.texts(), plan.source, tuple(rejected)),
         )
 
-    survivors.sort(key=lambda s: s[:3])
-    best_rank, best_priority, _, chosen, chosen_state = survivors[0]
-    _check_explicit_choice(op_name, policy, verdicts, best_rank, chosen)
-    ranked_verdicts = [
-        CandidateVerdict(chosen, CHOSEN, _chosen_reason(order, best_rank), chosen_state)
+    survivors.sort(key=lambda survivor: survivor.sort_key)
+    best = survivors[0]
+    _check_explicit_choice(plan, policy.settings.strict, rejected, best)
+    ranked = [
+        CandidateVerdict(
+            best.impl, CandidateOutcome.CHOSEN, _chosen_reason(plan, best.rank), best.availability
+        )
     ]
-    for rank, priority, _, impl, state in survivors[1:]:
-        if rank != best_rank:
-            why = (
-                f"lower in the order: matches {order[rank]} (position {rank + 1}), "
-                f"{chosen.impl_id} matches {order[best_rank]} (position {best_rank + 1})"
-            )
-        elif priority != best_priority:
-            why = f"lower priority: {-priority} < {-best_priority} of {chosen.impl_id}"
-        else:
-            why = f"same order and priority as {chosen.impl_id}; impl_id sorts after"
-        ranked_verdicts.append(CandidateVerdict(impl, FALLBACK, why, state))
-
+    ranked.extend(
+        CandidateVerdict(
+            other.impl,
+            CandidateOutcome.FALLBACK,
+            _fallback_reason(plan, best, other),
+            other.availability,
+        )
+        for other in survivors[1:]
+    )
     decision = Decision(
         op=op_name,
-        order=tuple(map(str, order)),
-        order_source=policy.order_source(op_name),
-        candidates=(*ranked_verdicts, *verdicts),
+        order=plan.texts(),
+        order_source=plan.source,
+        candidates=(*ranked, *rejected),
     )
-    chain = [v.impl for v in ranked_verdicts]
+    chain = [verdict.impl for verdict in ranked]
     fn = chain[0].fn if policy.settings.strict else _bind_chain(op_name, chain)
     return Resolution(op=op_name, fn=fn, decision=decision)
 
 
-def _chosen_reason(order: tuple[Any, ...], rank: int) -> str:
-    return f"first available candidate: matches {order[rank]} (position {rank + 1} of the order)"
+def _chosen_reason(plan: OrderPlan, rank: int) -> str:
+    token = plan.tokens[rank]
+    return f"first available candidate: matches {token} (position {rank + 1} of the order)"
+
+
+def _fallback_reason(plan: OrderPlan, best: _Survivor, other: _Survivor) -> str:
+    """Why ``other`` lost to ``best``: the order, then the priority, then the impl_id."""
+    chosen = best.impl.impl_id
+    if other.rank != best.rank:
+        return (
+            f"lower in the order: matches {plan.tokens[other.rank]} (position {other.rank + 1}), "
+            f"{chosen} matches {plan.tokens[best.rank]} (position {best.rank + 1})"
+        )
+    priority, best_priority = int(other.impl.priority), int(best.impl.priority)
+    if priority != best_priority:
+        return f"lower priority: {priority} < {best_priority} of {chosen}"
+    return f"same order and priority as {chosen}; impl_id sorts after"
 
 
 def _check_explicit_choice(
-    op_name: str,
-    policy: SelectionPolicy,
-    rejected: list[CandidateVerdict],
-    best_rank: int,
-    chosen: OpImpl,
+    plan: OrderPlan, strict: bool, rejected: list[CandidateVerdict], best: _Survivor
 ) -> None:
     """An explicit choice that fell through to a later token: an error under STRICT, else a
     warning (once per op, since resolutions are cached)."""
-    if not policy.is_explicit(op_name) or best_rank == 0:
+    if not plan.explicit or best.rank == 0:
         return
-    first = policy.order_for(op_name)[0]
-    reasons = [
-        f"{v.impl.impl_id}: {v.reason}"
-        for v in rejected
-        if (ranked := policy.rank(op_name, v.impl)) is not None and ranked[0] == 0
-    ]
+    reasons = [f"{v.impl.impl_id}: {v.reason}" for v in rejected if plan.rank(v.impl) == 0]
     detail = "; ".join(reasons) if reasons else "no implementation matches it"
     message = (
-        f"op {op_name!r} was asked to use {first} ({policy.order_source(op_name)}) "
-        f"but cannot ({detail})"
+        f"op {plan.op!r} was asked to use {plan.tokens[0]} ({plan.source}) but cannot ({detail})"
     )
-    if policy.settings.strict:
+    if strict:
         raise StrictModeError(f"SGLANG_FL_STRICT=1: {message}")
     _log.warning(
-        "%s; using %s instead (SGLANG_FL_STRICT=1 makes this an error)", message, chosen.impl_id
+        "%s; using %s instead (SGLANG_FL_STRICT=1 makes this an error)", message, best.impl.impl_id
     )
 
 

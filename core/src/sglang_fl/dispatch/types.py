@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._strenum import StrEnum
+
 __all__ = [
     "Availability",
     "BackendImplKind",
@@ -16,15 +18,16 @@ __all__ = [
 ]
 
 
-class BackendImplKind(str, enum.Enum):
-    """What family an implementation belongs to; the policy orders families by these values."""
+class BackendImplKind(StrEnum):
+    """What family an implementation belongs to.
+
+    The values are the selection-order tokens of the families, and the declaration order is the
+    default order (``flagos, vendor, reference``).
+    """
 
     DEFAULT = "flagos"
     VENDOR = "vendor"
     REFERENCE = "reference"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class BackendPriority(enum.IntEnum):
@@ -80,7 +83,8 @@ class OpImpl:
     provenance: Provenance | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.priority is None and isinstance(self.kind, BackendImplKind):
+        given: object = self.priority  # None when the author left it out
+        if given is None and isinstance(self.kind, BackendImplKind):
             object.__setattr__(self, "priority", BackendPriority[self.kind.name])
 
     @property

@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from ..errors import UnknownOpError
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .rms_norm import CONTRACT as RMS_NORM
 from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
@@ -36,8 +37,8 @@ def unknown_op_message(name: str) -> str:
 
 
 def get_contract(name: str) -> OpContract:
-    """The contract of a standard op; an unknown name is a ``KeyError`` with the close match."""
+    """The contract of a standard op; an unknown name raises :class:`UnknownOpError`."""
     try:
         return STANDARD_OPS[name]
     except KeyError:
-        raise KeyError(unknown_op_message(name)) from None
+        raise UnknownOpError(unknown_op_message(name)) from None

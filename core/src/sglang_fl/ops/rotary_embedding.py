@@ -42,7 +42,9 @@ def _signature(
     raise NotImplementedError
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool):
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
     if interleaved:
         x1, x2 = x[..., ::2], x[..., 1::2]
     else:

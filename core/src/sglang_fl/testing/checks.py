@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from .._strenum import StrEnum
 from ..dispatch.availability import AvailabilityCache
 from ..dispatch.registry import OpRegistry
 from ..dispatch.types import Availability, BackendImplKind, OpImpl
 from ..errors import Unsupported
-from ..loader import DISABLED, LOADED, PluginRecord
+from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
 from ..runtime import Runtime, get_runtime
 
@@ -29,6 +30,7 @@ __all__ = [
     "PASSED",
     "SKIPPED",
     "Check",
+    "CheckStatus",
     "Outcome",
     "check_case",
     "check_plugin",
@@ -38,7 +40,17 @@ __all__ = [
     "plan",
 ]
 
-PASSED, SKIPPED, FAILED = "passed", "skipped", "failed"
+
+class CheckStatus(StrEnum):
+    """The result of one check, as a pytest item reports it."""
+
+    PASSED = "passed"
+    SKIPPED = "skipped"  # e.g. unavailable here, or declined with Unsupported
+    FAILED = "failed"
+
+
+# Short names for the statuses, used by check functions and vendors' own tests.
+PASSED, SKIPPED, FAILED = CheckStatus.PASSED, CheckStatus.SKIPPED, CheckStatus.FAILED
 
 # The kit probes availability once per process, like the runtime (which keeps its own cache).
 _AVAILABILITY = AvailabilityCache()
@@ -48,7 +60,7 @@ _AVAILABILITY = AvailabilityCache()
 class Outcome:
     """What one check found: ``passed``, ``skipped`` (with the reason) or ``failed`` (why)."""
 
-    status: str
+    status: CheckStatus
     message: str = ""
 
 
@@ -64,10 +76,10 @@ def parse_selector(text: str | None) -> tuple[str | None, str | None]:
     """``"acme:rms_norm"`` -> ``("acme", "rms_norm")``; empty parts mean "all"."""
     if not text:
         return None, None
-    vendor, _, op = text.partition(":")
-    op = op.strip() or None
+    vendor, _, op_text = text.partition(":")
+    op = op_text.strip() or None
     if op is not None:
-        get_contract(op)  # an unknown op is a KeyError naming the close match
+        get_contract(op)  # an unknown op raises UnknownOpError naming the close match
     return vendor.strip() or None, op
 
 
@@ -95,9 +107,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 def check_plugin(record: PluginRecord, registered: int) -> Outcome:
     """The vendor's entry point loaded and registered at least one implementation."""
     who = f"plugin {record.name!r} ({record.distribution} {record.version})"
-    if record.status == DISABLED:
+    if record.status is PluginStatus.DISABLED:
         return Outcome(SKIPPED, f"{who} is disabled: {record.error}")
-    if record.status != LOADED:
+    if record.status is not PluginStatus.LOADED:
         return Outcome(FAILED, f"{who} failed to load: {record.error}")
     if registered == 0:
         return Outcome(FAILED, f"{who} loaded but registered no implementation")
@@ -226,7 +238,7 @@ def plan(
         ]
         checks.append(Check(f"{record.name}/plugin", _bind(check_plugin, record, len(impls))))
         impls = [impl for impl in impls if impl.op_name in ops]
-        if record.status == LOADED and op is not None and not impls:
+        if record.status is PluginStatus.LOADED and op is not None and not impls:
             message = f"plugin {record.name!r} registers no implementation of op {op!r}"
             checks.append(Check(f"{record.name}/{op}", _const(Outcome(FAILED, message))))
         for impl in impls:

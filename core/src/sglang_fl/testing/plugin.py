@@ -43,12 +43,13 @@ def pytest_configure(config: pytest.Config) -> None:
     option = config.getoption("--sglang-fl-conformance")
     if option:
         # Checked here, before collection, so a typo is a usage error and not a broken module.
+        from ..errors import UnknownOpError
         from .checks import parse_selector
 
         try:
             config.stash[SELECTOR] = parse_selector(option)
-        except KeyError as exc:
-            raise pytest.UsageError(f"--sglang-fl-conformance={option}: {exc.args[0]}") from None
+        except UnknownOpError as exc:
+            raise pytest.UsageError(f"--sglang-fl-conformance={option}: {exc}") from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

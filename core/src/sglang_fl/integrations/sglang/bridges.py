@@ -24,6 +24,7 @@ __all__ = ["BRIDGES", "Bridge", "Handoff"]
 # handoff(reason) hands one call to SGLang's own forward; it logs once per layer class/reason.
 Handoff = Callable[[str], None]
 Forward = Callable[..., Any]
+NormResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # rms_norm: x, or (x, residual)
 
 
 class Bridge:
@@ -37,17 +38,14 @@ class Bridge:
         A subclass that overrides ``forward_native`` computes something the standard op does
         not (e.g. a Gemma-style norm applying ``1 + weight``), so it is never bridged.
         """
-        if cls is layer_base:
-            return None
-        for klass in cls.__mro__:
-            if klass is layer_base:
-                return None
+        below_base = cls.__mro__[: cls.__mro__.index(layer_base)]  # empty for the base itself
+        for klass in below_base:
             if "forward_native" in klass.__dict__:
                 return (
                     f"{klass.__qualname__} overrides forward_native, so its math is not "
                     f"{self.op_name}'s; left to SGLang"
                 )
-        return None  # pragma: no cover - cls is a subclass of layer_base
+        return None
 
     def refuse_instance(self, layer: Any) -> str | None:
         """Why this instance's options fall outside the standard op, or ``None``."""
@@ -62,11 +60,13 @@ class SiluAndMulBridge(Bridge):
     op_name = "silu_and_mul"
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        kernel: Callable[..., torch.Tensor] = fn
+
         def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             if x.dim() == 2:
-                return fn(layer, x)
+                return kernel(layer, x)
             lead = x.shape[:-1]
-            return fn(layer, x.reshape(-1, x.shape[-1])).reshape(*lead, x.shape[-1] // 2)
+            return kernel(layer, x.reshape(-1, x.shape[-1])).reshape(*lead, x.shape[-1] // 2)
 
         return silu_and_mul
 
@@ -106,28 +106,31 @@ class RMSNormBridge(Bridge):
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
         hidden = layer.hidden_size
+        kernel: Callable[..., NormResult] = fn
+        sglang: Callable[..., NormResult] = sglang_forward
 
         def rms_norm(
             x: torch.Tensor,
             residual: torch.Tensor | None = None,
             post_residual_addition: torch.Tensor | None = None,
             quant_linear: Any = None,
-        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        ) -> NormResult:
             if quant_linear is not None:
                 handoff(
                     "a quant_linear argument (norm fused with input quantization) is "
                     "SGLang's own path"
                 )
-                return sglang_forward(x, residual, post_residual_addition, quant_linear)
+                return sglang(x, residual, post_residual_addition, quant_linear)
             if x.shape[-1] != hidden:
                 raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
             if residual is not None and post_residual_addition is not None:
                 residual = residual + post_residual_addition
             if x.dim() == 2:
-                return fn(layer, x) if residual is None else fn(layer, x, residual)
+                return kernel(layer, x) if residual is None else kernel(layer, x, residual)
             shape = x.shape
             if residual is None:
-                return fn(layer, x.reshape(-1, hidden)).reshape(shape)
+                normed: torch.Tensor = fn(layer, x.reshape(-1, hidden))
+                return normed.reshape(shape)
             out, res = fn(layer, x.reshape(-1, hidden), residual.reshape(-1, hidden))
             return out.reshape(shape), res.reshape(residual.shape)
 
@@ -142,6 +145,7 @@ class RotaryEmbeddingBridge(Bridge):
         rotary_dim = layer.rotary_dim
         partial = rotary_dim < head_size
         interleaved = not layer.is_neox_style
+        sglang: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sglang_forward
         # query dtype -> (source cos_sin_cache, cos, sin). Rebuilt only when SGLang replaces
         # the cache (growth, device move) so a call never converts the whole cache.
         halves: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -168,10 +172,10 @@ class RotaryEmbeddingBridge(Bridge):
                     "fused_set_kv_buffer_arg (rope fused with the KV-cache write) is "
                     "SGLang's own path"
                 )
-                return sglang_forward(positions, query, key, offsets, fused_set_kv_buffer_arg)
+                return sglang(positions, query, key, offsets, fused_set_kv_buffer_arg)
             if "sin_cos_cache" in layer.__dict__:
                 handoff("a precomputed sin_cos_cache on the layer is SGLang's own path")
-                return sglang_forward(positions, query, key, offsets, fused_set_kv_buffer_arg)
+                return sglang(positions, query, key, offsets, fused_set_kv_buffer_arg)
             if offsets is not None:
                 positions = positions + offsets
             positions = positions.reshape(-1)

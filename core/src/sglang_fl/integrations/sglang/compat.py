@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ...errors import SglangFlError
@@ -43,10 +44,6 @@ class SglangApi:
 
 def sglang_version() -> str:
     """The installed SGLang version, or a description of why there is none."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - stdlib since 3.8
-        return "unknown"
     try:
         return version("sglang")
     except PackageNotFoundError:

@@ -92,10 +92,11 @@ def activate() -> str | None:
 def _platform_base() -> type:
     from sglang.srt.platforms.cpu import CpuSRTPlatform
 
-    return CpuSRTPlatform
+    base: type = CpuSRTPlatform
+    return base
 
 
-def _oot_enum():  # -> PlatformEnum
+def _oot_enum() -> object:  # sglang.srt.platforms.device_mixin.PlatformEnum.OOT
     from sglang.srt.platforms.device_mixin import PlatformEnum
 
     return PlatformEnum.OOT

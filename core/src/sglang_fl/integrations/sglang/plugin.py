@@ -24,9 +24,10 @@ from typing import Any
 from ...dispatch.resolve import Resolution
 from ...errors import NoImplementationError
 from ...runtime import Runtime, get_runtime
+from ...schema import impl_fields
 from .bridges import BRIDGES, Bridge
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
-from .report import SGLANG_FL_RUNNER, SGLANG_RUNNER, DispatchReport, impl_fields
+from .report import DispatchReport, ReportEvent, Runner
 
 __all__ = ["Router", "get_router", "register"]
 
@@ -60,8 +61,8 @@ class Router:
         self.runtime = runtime
         self.report = report
         self._plans: dict[type, _Plan] = {}
-        self._refused: set[tuple[type, str]] = set()
-        self._handed_off: set[tuple[type, str]] = set()
+        # (event, layer class, reason) already reported: refusals and handoffs, once each.
+        self._reported: set[tuple[ReportEvent, type, str]] = set()
         self._lock = threading.RLock()
 
     # --- the hook -----------------------------------------------------------------------
@@ -123,11 +124,11 @@ class Router:
             }
             if resolution is not None:
                 decision = resolution.decision
-                fields.update(runner=SGLANG_FL_RUNNER, **impl_fields(decision.chosen))
+                fields.update(runner=Runner.SGLANG_FL, **impl_fields(decision.chosen))
                 fields["fallbacks"] = [impl.impl_id for impl in decision.fallbacks]
             else:
-                fields.update(runner=SGLANG_RUNNER, reason=reason)
-            self.report.emit("layer", **fields)
+                fields.update(runner=Runner.SGLANG, reason=reason)
+            self.report.emit(ReportEvent.LAYER, **fields)
             return plan
 
     # --- rare paths, reported once --------------------------------------------------------
@@ -135,40 +136,40 @@ class Router:
     def _note_refusal(
         self, cls: type, op_name: str | None, reason: str, sglang_forward: Forward
     ) -> None:
-        key = (cls, reason)
-        with self._lock:
-            if key in self._refused:
-                return
-            self._refused.add(key)
-        self.report.emit(
-            "layer",
-            layer=_qualname(cls),
-            op=op_name,
-            runner=SGLANG_RUNNER,
-            scope="instance",
-            sglang_forward=_method_name(sglang_forward),
-            reason=reason,
-        )
+        self._report_once(ReportEvent.LAYER, cls, op_name, reason, sglang_forward, scope="instance")
 
     def _handoff(self, cls: type, sglang_forward: Forward) -> Callable[[str], None]:
         def handoff(reason: str) -> None:
-            key = (cls, reason)
-            if key in self._handed_off:
-                return
-            with self._lock:
-                if key in self._handed_off:
-                    return
-                self._handed_off.add(key)
-            self.report.emit(
-                "handoff",
-                layer=_qualname(cls),
-                op=self._op_of(cls),
-                runner=SGLANG_RUNNER,
-                sglang_forward=_method_name(sglang_forward),
-                reason=reason,
-            )
+            self._report_once(ReportEvent.HANDOFF, cls, self._op_of(cls), reason, sglang_forward)
 
         return handoff
+
+    def _report_once(
+        self,
+        event: ReportEvent,
+        cls: type,
+        op_name: str | None,
+        reason: str,
+        sglang_forward: Forward,
+        **extra: str,
+    ) -> None:
+        """Report that SGLang runs ``cls`` (or one call of it) for ``reason``, once per process."""
+        key = (event, cls, reason)
+        if key in self._reported:  # the common case per call: no lock
+            return
+        with self._lock:
+            if key in self._reported:
+                return
+            self._reported.add(key)
+        self.report.emit(
+            event,
+            layer=_qualname(cls),
+            op=op_name,
+            runner=Runner.SGLANG,
+            sglang_forward=_method_name(sglang_forward),
+            reason=reason,
+            **extra,
+        )
 
 
 _router: Router | None = None
@@ -193,19 +194,10 @@ def register() -> None:
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
         _router = router
     report.emit(
-        "plugin",
+        ReportEvent.PLUGIN,
         sglang_version=api.version,
         hook=RESOLVE_TARGET,
         platform=runtime.platform(),
-        plugins=[
-            {
-                "name": p.name,
-                "status": p.status,
-                "distribution": p.distribution,
-                "version": p.version,
-                "error": p.error,
-            }
-            for p in runtime.plugins
-        ],
+        plugins=[p.summary() for p in runtime.plugins],
         sglang_force_fused_op_backend=os.environ.get("SGLANG_FORCE_FUSED_OP_BACKEND"),
     )

@@ -20,14 +20,26 @@ from typing import Any
 
 import torch
 
-from ...dispatch.types import OpImpl
+from ..._strenum import StrEnum
 
-__all__ = ["SGLANG_FL_RUNNER", "SGLANG_RUNNER", "DispatchReport", "impl_fields", "read_log"]
+__all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
-SGLANG_FL_RUNNER = "sglang-fl"
-SGLANG_RUNNER = "sglang"
+
+class ReportEvent(StrEnum):
+    """The ``event`` of a dispatch-report record."""
+
+    PLUGIN = "plugin"  # register() ran in this process
+    LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
+    HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
+
+
+class Runner(StrEnum):
+    """Who runs a layer: an sglang-fl implementation, or SGLang's own forward."""
+
+    SGLANG_FL = "sglang-fl"
+    SGLANG = "sglang"
 
 
 def _first_rank() -> bool:
@@ -44,20 +56,8 @@ def _proctitle() -> str | None:
         import setproctitle
     except ImportError:
         return None
-    return setproctitle.getproctitle()
-
-
-def impl_fields(impl: OpImpl) -> dict[str, Any]:
-    """The report columns that identify an implementation and where it came from."""
-    provenance = impl.provenance
-    return {
-        "impl_id": impl.impl_id,
-        "kind": impl.kind.value,
-        "vendor": impl.vendor,
-        "plugin": provenance.plugin if provenance else None,
-        "distribution": provenance.distribution if provenance else None,
-        "version": provenance.version if provenance else None,
-    }
+    title: str = setproctitle.getproctitle()
+    return title
 
 
 class DispatchReport:
@@ -67,7 +67,7 @@ class DispatchReport:
         self.log_path = log_path
         self._lock = threading.Lock()
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""
         record = {
             "event": event,
@@ -79,9 +79,8 @@ class DispatchReport:
             **fields,
         }
         level = logging.INFO if _first_rank() else logging.DEBUG
-        if event == "layer":
-            runner = fields.get("runner")
-            if runner == SGLANG_FL_RUNNER:
+        if event is ReportEvent.LAYER:
+            if fields.get("runner") is Runner.SGLANG_FL:
                 _log.log(
                     level,
                     "sglang-fl dispatch: %s -> %s (%s, %s %s)",
@@ -99,7 +98,7 @@ class DispatchReport:
                     fields.get("sglang_forward"),
                     fields.get("reason"),
                 )
-        elif event == "handoff":
+        elif event is ReportEvent.HANDOFF:
             _log.log(
                 level,
                 "sglang-fl: %s hands a call to SGLang's %s: %s (logged once)",
@@ -110,15 +109,15 @@ class DispatchReport:
         else:
             _log.debug("sglang-fl %s: %s", event, fields)
         if self.log_path is not None:
-            self._append(record)
+            self._append(self.log_path, record)
         return record
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, path: Path, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
         with self._lock:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             # One O_APPEND write per record: lines from concurrent processes never interleave.
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, line)
             finally:

@@ -1,0 +1,175 @@
+"""The shapes of sglang-fl's JSON output, in one place: ``--json`` payloads and report fields.
+
+``sglang-fl COMMAND --json`` prints one of the ``*Payload`` types; the README ("Inspection")
+documents the same shapes. They are versioned by :data:`SCHEMA_VERSION`: a key renamed or
+removed is a new version. State fields hold ``str`` enums (:class:`~sglang_fl.loader.PluginStatus`,
+:class:`~sglang_fl.dispatch.resolve.CandidateOutcome`, ...), which JSON writes as their values.
+The provenance of an implementation is turned into fields here only (:func:`provenance_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from .dispatch.resolve import CandidateOutcome
+    from .dispatch.types import BackendImplKind, OpImpl, Provenance
+    from .loader import PluginStatus
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CandidateJson",
+    "ConfigurationJson",
+    "DecisionJson",
+    "DoctorPayload",
+    "ExplainPayload",
+    "ImplFields",
+    "OpReport",
+    "OpsPayload",
+    "PluginJson",
+    "PluginSummary",
+    "PluginsPayload",
+    "ProvenanceFields",
+    "SettingJson",
+    "TorchReport",
+    "impl_fields",
+    "provenance_fields",
+]
+
+SCHEMA_VERSION = 1
+
+
+class ProvenanceFields(TypedDict):
+    """Which plugin registered an implementation, from which distribution and version."""
+
+    plugin: str | None
+    distribution: str | None
+    version: str | None
+
+
+class ImplFields(ProvenanceFields):
+    """An implementation and where it came from (dispatch report ``layer`` records)."""
+
+    impl_id: str
+    kind: BackendImplKind
+    vendor: str | None
+
+
+class CandidateJson(ProvenanceFields):
+    """One candidate of a decision and its verdict."""
+
+    impl_id: str
+    kind: BackendImplKind
+    vendor: str | None
+    priority: int
+    available: bool | None
+    availability_reason: str | None
+    outcome: CandidateOutcome
+    reason: str
+
+
+class DecisionJson(TypedDict):
+    """Why an op runs what it runs (``chosen`` is ``None`` when nothing can run it)."""
+
+    op: str
+    chosen: str | None
+    order: list[str]
+    order_source: str
+    candidates: list[CandidateJson]
+
+
+class OpReport(DecisionJson):
+    """``ops --json``'s entries and ``explain OP --json``: the decision and the op's contract."""
+
+    signature: str
+    sglang_layer: str
+    error: str | None
+
+
+class PluginSummary(TypedDict):
+    """A plugin as the dispatch report's ``plugin`` record lists it."""
+
+    name: str
+    status: PluginStatus
+    distribution: str | None
+    version: str | None
+    error: str | None
+
+
+class PluginJson(PluginSummary):
+    """A plugin as ``plugins --json`` lists it."""
+
+    module: str
+    hooks: list[str]
+    builtin: bool
+
+
+class SettingJson(TypedDict):
+    """One setting's effective value and where it came from."""
+
+    value: Any  # the parsed value made JSON-able: str, bool, list or table of lists, or null
+    source: str | None
+    variable: str
+    help: str
+
+
+class ConfigurationJson(TypedDict):
+    config_file: str | None
+    settings: dict[str, SettingJson]
+
+
+class TorchReport(TypedDict, total=False):
+    """torch as ``doctor`` sees it: ``version`` and ``error`` without torch, else the rest."""
+
+    version: str | None
+    error: str
+    cuda: dict[str, Any]
+    torch_npu_installed: bool
+
+
+class PluginsPayload(TypedDict):
+    schema_version: int
+    entry_point_group: str
+    plugins: list[PluginJson]
+
+
+class OpsPayload(TypedDict):
+    schema_version: int
+    ops: list[OpReport]
+
+
+class ExplainPayload(OpReport):
+    schema_version: int
+
+
+class DoctorPayload(TypedDict):
+    schema_version: int
+    sglang_fl: dict[str, str]
+    python: dict[str, str]
+    platform: str
+    torch: TorchReport
+    sglang: dict[str, str | None]
+    configuration: ConfigurationJson
+    plugins: dict[str, list[str]]  # PluginStatus value -> plugin names
+    problems: list[str]
+
+
+def provenance_fields(provenance: Provenance | None) -> ProvenanceFields:
+    """The provenance columns of every record; ``None`` (never loaded) gives nulls."""
+    if provenance is None:
+        return {"plugin": None, "distribution": None, "version": None}
+    return {
+        "plugin": provenance.plugin,
+        "distribution": provenance.distribution,
+        "version": provenance.version,
+    }
+
+
+def impl_fields(impl: OpImpl) -> ImplFields:
+    """The fields that identify an implementation and where it came from."""
+    return {
+        "impl_id": impl.impl_id,
+        "kind": impl.kind,
+        "vendor": impl.vendor,
+        **provenance_fields(impl.provenance),
+    }

@@ -1,0 +1,85 @@
+"""Everything a vendor plugin imports, in one module (``from sglang_fl.types import ...``).
+
+The same names are exported by :mod:`sglang_fl` itself. Each is defined where core uses it and
+gathered here, so a plugin author reads one page; the seed paths
+(``sglang_fl.dispatch.types``, ``sglang_fl.dispatch.backends``, ``sglang_fl.dispatch.probes``)
+give the same objects.
+
+Registering kernels
+    :class:`OpImpl`
+        One implementation of one standard op: ``op_name``, a unique ``impl_id``, its ``kind``,
+        the function (the op's standard signature, see :mod:`sglang_fl.ops`), the ``vendor``,
+        a ``priority`` and an optional availability probe. Frozen; the loader stamps its
+        :class:`Provenance`.
+    :class:`BackendImplKind`
+        The family of an implementation (``flagos``, ``vendor``, ``reference``). The default
+        selection order ranks whole families, in this order; users reorder them by these names.
+    :class:`BackendPriority`
+        Default priorities per kind; a higher priority wins among candidates the order ranks
+        equally (two vendors' kernels for one op, say).
+    :class:`OpRegistry`
+        What the ``sglang_fl_register_ops(registry)`` hook receives. ``register(impl)`` and
+        ``register_many(impls)`` refuse, with a message saying why, an op without a contract,
+        a signature the bridges cannot call, or an ``impl_id`` owned by another distribution.
+    :data:`hookimpl`
+        The pluggy marker for a plugin's hook functions (``sglang_fl_register_ops``,
+        ``sglang_fl_platform``; see :mod:`sglang_fl.hookspecs`).
+
+Describing a chip
+    :class:`Backend`
+        Base class of a chip backend: a ``name`` and ``is_available()``; its
+        ``implementations({op: fn})`` builds the :class:`OpImpl` list probed by that one check.
+    :class:`ChipSdk`
+        The chip SDK module imported lazily, at most once per process, and the device count;
+        every failure becomes an :class:`Availability` whose reason users see. Importing the SDK
+        at plugin import time would break machines without the chip.
+    :class:`Availability`
+        A probe's answer with its reason (``sglang-fl explain`` prints it); falsy when
+        unavailable, so a probe may also return a plain ``bool``.
+
+At call time
+    :class:`Unsupported`
+        Raise it before writing anything to decline one call (a dtype or shape the kernel does
+        not handle): the call goes to the next candidate. Any other exception propagates.
+
+Reading decisions
+    :class:`Provenance`
+        Which plugin (entry-point name) and distribution version registered an implementation;
+        shown by ``sglang-fl ops``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .dispatch.backends import Backend
+from .dispatch.probes import ChipSdk
+from .dispatch.types import Availability, BackendImplKind, BackendPriority, OpImpl, Provenance
+from .errors import Unsupported
+from .hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from .dispatch.registry import OpRegistry
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendImplKind",
+    "BackendPriority",
+    "ChipSdk",
+    "OpImpl",
+    "OpRegistry",
+    "Provenance",
+    "Unsupported",
+    "hookimpl",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The registry imports the op contracts and with them torch: loaded on first use, so that
+    # `import sglang_fl` stays cheap (the CLI's --help, SGLang's plugin discovery).
+    if name == "OpRegistry":
+        from .dispatch.registry import OpRegistry
+
+        return OpRegistry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
