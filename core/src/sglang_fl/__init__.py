@@ -6,7 +6,7 @@ The names exported here are the stable API: for plugin authors, those of :mod:`s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     ConfigError,
@@ -28,6 +28,7 @@ from .types import (
     OpImpl,
     Provenance,
 )
+from .types import __getattr__ as __getattr__  # OpRegistry, imported on first use
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
@@ -64,12 +65,3 @@ def get_runtime() -> Runtime:
     from .runtime import get_runtime as _get_runtime
 
     return _get_runtime()
-
-
-def __getattr__(name: str) -> Any:
-    # OpRegistry imports torch (through the op contracts): loaded on first use, like the runtime.
-    if name == "OpRegistry":
-        from .types import OpRegistry
-
-        return OpRegistry
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

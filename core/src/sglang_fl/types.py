@@ -76,10 +76,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The registry imports the op contracts and with them torch: loaded on first use, so that
-    # `import sglang_fl` stays cheap (the CLI's --help, SGLang's plugin discovery).
+    """``OpRegistry`` on first use (also for :mod:`sglang_fl`, which re-exports this function).
+
+    The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
+    not (the CLI's ``--help``, SGLang's plugin discovery).
+    """
     if name == "OpRegistry":
         from .dispatch.registry import OpRegistry
 
         return OpRegistry
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"sglang_fl has no attribute {name!r}")

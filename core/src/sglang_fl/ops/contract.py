@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -46,6 +47,27 @@ class OpInputs:
         bound = signature.bind(self.obj, *self.args, **self.kwargs)
         bound.apply_defaults()
         return bound.arguments[name]
+
+
+def axis(name: str, values: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """One parameter of a :func:`case_grid` taking each of ``values``."""
+    return tuple({name: value} for value in values)
+
+
+def case_grid(
+    name: Callable[[Mapping[str, Any]], str], *axes: Sequence[Mapping[str, Any]]
+) -> tuple[OpCase, ...]:
+    """One case per combination of one entry of each axis, in ``itertools.product`` order.
+
+    An axis is a sequence of parameter mappings: :func:`axis` for one parameter, or explicit
+    mappings for parameters that vary together (query and key heads). A case's params are its
+    entries merged; ``name(params)`` names it.
+    """
+    cases = []
+    for entries in itertools.product(*axes):
+        params = {key: value for entry in entries for key, value in entry.items()}
+        cases.append(OpCase(name(params), params))
+    return tuple(cases)
 
 
 def layer(**attributes: Any) -> SimpleNamespace:

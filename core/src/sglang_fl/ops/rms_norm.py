@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +14,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -47,22 +49,19 @@ def reference(
     return out if residual is None else (out, residual)
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, hidden, with_residual, contiguous in itertools.product(
-        (1, 7, 33), (16, 128, 1024), (False, True), (True, False)
-    ):
-        name = f"tokens={tokens},hidden={hidden}"
-        name += ",residual" if with_residual else ""
-        name += "" if contiguous else ",strided"
-        params = {
-            "tokens": tokens,
-            "hidden": hidden,
-            "residual": with_residual,
-            "contiguous": contiguous,
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},hidden={p['hidden']}"
+    name += ",residual" if p["residual"] else ""
+    return name + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", (1, 7, 33)),
+    axis("hidden", (16, 128, 1024)),
+    axis("residual", (False, True)),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
@@ -88,6 +87,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

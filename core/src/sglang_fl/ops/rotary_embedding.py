@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +14,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -78,30 +80,22 @@ def reference(
     return query, key
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, (q_heads, kv_heads), (
-        head_size,
-        rotary_dim,
-    ), interleaved, inplace in itertools.product(
-        (1, 5, 17), ((1, 1), (4, 2)), ((16, 16), (64, 32)), (False, True), (True, False)
-    ):
-        partial = rotary_dim < head_size
-        name = f"tokens={tokens},heads={q_heads}/{kv_heads},rotary_dim={rotary_dim}"
-        name += f"/{head_size}" if partial else ""
-        name += ",interleaved" if interleaved else ",neox"
-        name += ",inplace" if inplace else ",out-of-place"
-        params = {
-            "tokens": tokens,
-            "q_heads": q_heads,
-            "kv_heads": kv_heads,
-            "head_size": head_size,
-            "rotary_dim": rotary_dim,
-            "interleaved": interleaved,
-            "inplace": inplace,
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},heads={p['q_heads']}/{p['kv_heads']},rotary_dim={p['rotary_dim']}"
+    name += f"/{p['head_size']}" if p["rotary_dim"] < p["head_size"] else ""
+    name += ",interleaved" if p["interleaved"] else ",neox"
+    return name + (",inplace" if p["inplace"] else ",out-of-place")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", (1, 5, 17)),
+    ({"q_heads": 1, "kv_heads": 1}, {"q_heads": 4, "kv_heads": 2}),
+    # Full rotary, and partial rotary (the leading half of each head).
+    ({"head_size": 16, "rotary_dim": 16}, {"head_size": 64, "rotary_dim": 32}),
+    axis("interleaved", (False, True)),
+    axis("inplace", (True, False)),
+)
 
 
 def _make_inputs(
@@ -146,6 +140,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -15,6 +15,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -31,12 +33,16 @@ def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, d, contiguous in itertools.product((1, 7, 33), (16, 128, 352), (True, False)):
-        name = f"tokens={tokens},d={d}" + ("" if contiguous else ",strided")
-        cases.append(OpCase(name, {"tokens": tokens, "d": d, "contiguous": contiguous}))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    return f"tokens={p['tokens']},d={p['d']}" + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", (1, 7, 33)),
+    axis("d", (16, 128, 352)),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
@@ -57,6 +63,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

@@ -42,6 +42,7 @@ from .checks import (
     FAILED,
     PASSED,
     SKIPPED,
+    CheckStatus,
     _make_inputs,
     check_case,
     dtype_name,
@@ -84,7 +85,7 @@ class Row:
     op: str
     dtype: str
     case: str
-    status: str  # passed / failed / skipped (declined with Unsupported)
+    status: CheckStatus  # skipped: declined with Unsupported
     max_abs: float | None = None
     max_rel: float | None = None
     time_ratio: float | None = None  # ours / SGLang's, per call; None when not timed
