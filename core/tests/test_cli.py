@@ -306,6 +306,17 @@ def test_explain_unknown_op_exits_2_with_suggestion(capsys):
     assert "sglang-fl: error: unknown op 'rms_nrom' (did you mean 'rms_norm'?)" in err
 
 
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only sglang-fl's own errors become exit status 2; a KeyError from a bug propagates."""
+
+    def buggy(args):
+        return {}["missing"]
+
+    monkeypatch.setattr(cli, "cmd_ops", buggy)
+    with pytest.raises(KeyError, match="missing"):
+        cli.main(["ops"])
+
+
 # -- doctor ---------------------------------------------------------------------------------------
 
 

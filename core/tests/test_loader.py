@@ -481,6 +481,12 @@ def test_plugins_allow_list_never_imports_the_others(plugin_site, import_log):
     assert runtime.plugin("acme").status == "loaded"
     assert runtime.plugin("bomb").status == "disabled"
     assert import_log.read_text() == ""
+    # Blocked in pluggy, as pytest's `-p no:NAME`: nothing registers under that name later.
+    pm = runtime.plugin_manager
+    assert pm.is_blocked("bomb")
+    assert not pm.is_blocked("acme")
+    assert pm.register(object(), name="bomb") is None
+    assert pm.get_plugin("bomb") is None
 
 
 def test_exploding_plugin_really_explodes_when_selected(plugin_site, import_log):
