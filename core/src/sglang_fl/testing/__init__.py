@@ -53,9 +53,9 @@ def conformance_tests(
         from .checks import FAILED, SKIPPED
 
         outcome = sglang_fl_check.run()
-        if outcome.status == SKIPPED:
+        if outcome.status is SKIPPED:
             pytest.skip(outcome.message)
-        if outcome.status == FAILED:
+        if outcome.status is FAILED:
             pytest.fail(outcome.message, pytrace=False)
 
     return test_sglang_fl_conformance
