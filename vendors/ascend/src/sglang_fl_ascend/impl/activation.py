@@ -12,4 +12,5 @@ from ..ascend import TORCH_NPU
 def silu_and_mul_npu(obj: Any, x: torch.Tensor) -> torch.Tensor:
     """``swish(x[:, :d]) * x[:, d:]`` (SwiGLU over the last dim) into a new tensor."""
     torch_npu = TORCH_NPU.module or TORCH_NPU.load()
-    return torch_npu.npu_swiglu(x)
+    out: torch.Tensor = torch_npu.npu_swiglu(x)  # the SDK is untyped
+    return out

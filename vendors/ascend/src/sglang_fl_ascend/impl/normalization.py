@@ -25,6 +25,7 @@ def rms_norm_npu(
         raise Unsupported(f"torch_npu RMS norms need gamma dtype {x.dtype}, got {weight.dtype}")
     torch_npu = TORCH_NPU.module or TORCH_NPU.load()
     if residual is None:
-        return torch_npu.npu_rms_norm(x, weight, obj.variance_epsilon)[0]
+        normed: torch.Tensor = torch_npu.npu_rms_norm(x, weight, obj.variance_epsilon)[0]
+        return normed
     out, _, residual_out = torch_npu.npu_add_rms_norm(residual, x, weight, obj.variance_epsilon)
     return out, residual_out

@@ -35,7 +35,8 @@ def rms_norm(
     if not x.is_contiguous():
         x = x.contiguous()  # the kernels index rows as packed [hidden] vectors
     if residual is None:
-        return sgl_kernel.rmsnorm(x, weight, obj.variance_epsilon)
+        normed: torch.Tensor = sgl_kernel.rmsnorm(x, weight, obj.variance_epsilon)
+        return normed
     if not residual.is_contiguous():
         residual = residual.contiguous()
     sgl_kernel.fused_add_rmsnorm(x, residual, weight, obj.variance_epsilon)
