@@ -133,7 +133,7 @@ def test_walkthrough(tmp_path: Path) -> None:
     backend = project / PACKAGE / "backend.py"
     assert PROBE_STUB in backend.read_text()
     backend.write_text(backend.read_text().replace(PROBE_STUB, PROBE))
-    register = project / PACKAGE / "register_ops.py"
+    register = project / PACKAGE / "plugin.py"
     register.write_text(
         "".join(
             line

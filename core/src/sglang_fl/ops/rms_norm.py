@@ -24,6 +24,8 @@ def _signature(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Normalise ``x`` ``[num_tokens, hidden]`` with ``obj.weight`` and ``obj.variance_epsilon``.
 
+    ``num_tokens`` may be 0; ``x`` may be a strided view.
+
     Without ``residual``: returns the normalised tensor. With ``residual``: computes
     ``s = x + residual`` and returns ``(rms_norm(s), s)``; an implementation may write these
     two results into ``x`` and ``residual`` (as fused kernels do), so callers use the returned
@@ -47,22 +49,19 @@ def reference(
     return out if residual is None else (out, residual)
 
 
+def _case(tokens: int, hidden: int, with_residual: bool, contiguous: bool) -> OpCase:
+    name = f"tokens={tokens},hidden={hidden}"
+    name += ",residual" if with_residual else ""
+    name += "" if contiguous else ",strided"
+    params = {"tokens": tokens, "hidden": hidden, "residual": with_residual}
+    return OpCase(name, {**params, "contiguous": contiguous})
+
+
 def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, hidden, with_residual, contiguous in itertools.product(
-        (1, 7, 33), (16, 128, 1024), (False, True), (True, False)
-    ):
-        name = f"tokens={tokens},hidden={hidden}"
-        name += ",residual" if with_residual else ""
-        name += "" if contiguous else ",strided"
-        params = {
-            "tokens": tokens,
-            "hidden": hidden,
-            "residual": with_residual,
-            "contiguous": contiguous,
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+    grid = itertools.product((1, 7, 33), (16, 128, 1024), (False, True), (True, False))
+    # An empty batch (0 tokens), with and without the residual.
+    empty = (_case(0, 128, with_residual, True) for with_residual in (False, True))
+    return (*(_case(*point) for point in grid), *empty)
 
 
 def _make_inputs(

@@ -21,7 +21,8 @@ from .contract import (
 
 
 def _signature(obj: Any, x: torch.Tensor) -> torch.Tensor:
-    """``x`` is ``[num_tokens, 2*d]``; returns a new ``[num_tokens, d]`` tensor, ``x`` untouched."""
+    """``x`` is ``[num_tokens, 2*d]`` (``num_tokens`` may be 0, and ``x`` a strided view);
+    returns a new ``[num_tokens, d]`` tensor, ``x`` untouched."""
     raise NotImplementedError
 
 
@@ -31,12 +32,15 @@ def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def _case(tokens: int, d: int, contiguous: bool) -> OpCase:
+    name = f"tokens={tokens},d={d}" + ("" if contiguous else ",strided")
+    return OpCase(name, {"tokens": tokens, "d": d, "contiguous": contiguous})
+
+
 def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, d, contiguous in itertools.product((1, 7, 33), (16, 128, 352), (True, False)):
-        name = f"tokens={tokens},d={d}" + ("" if contiguous else ",strided")
-        cases.append(OpCase(name, {"tokens": tokens, "d": d, "contiguous": contiguous}))
-    return tuple(cases)
+    grid = itertools.product((1, 7, 33), (16, 128, 352), (True, False))
+    # An empty batch (0 tokens) reaches the layer too, e.g. an idle data-parallel rank.
+    return (*(_case(*point) for point in grid), _case(0, 128, True))
 
 
 def _make_inputs(
