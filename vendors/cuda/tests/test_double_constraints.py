@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
 import torch
 from sgl_kernel_double import SglKernelDouble
 
-from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraints_of
+from sglang_fl.testing.doubles import Constraint, constraint_tests
 
 D = SglKernelDouble
 Call = Callable[[SglKernelDouble], object]
@@ -86,25 +85,9 @@ REJECTED: dict[Constraint, Call] = {
 }
 
 
-@pytest.mark.parametrize("call", VALID)
-def test_valid_calls_pass(call: Call) -> None:
-    call(SglKernelDouble())
-
-
-@pytest.mark.parametrize(
-    ("constraint", "call"),
-    list(REJECTED.items()),
-    ids=[f"{c.operator}:{c.rule}" for c in REJECTED],
+test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_is_covered = (
+    constraint_tests(SglKernelDouble, VALID, REJECTED)
 )
-def test_rejects_what_the_kernel_rejects(constraint: Constraint, call: Call) -> None:
-    with pytest.raises(ConstraintViolation) as info:
-        call(SglKernelDouble())
-    assert info.value.constraint is constraint
-    assert constraint.source in str(info.value)
-
-
-def test_every_constraint_has_a_rejecting_call() -> None:
-    assert set(REJECTED) == set(constraints_of(SglKernelDouble))
 
 
 def test_return_conventions() -> None:

@@ -14,19 +14,26 @@ double shares lives here:
   class attributes, so :func:`constraints_of` lists them and a vendor's test can prove that
   each one rejects what the real operator rejects;
 - :func:`install_double`, which puts a double in place of the SDK for one test: in
-  ``sys.modules`` and as the vendor's :class:`~sglang_fl.dispatch.probes.ChipSdk` module.
+  ``sys.modules`` and as the vendor's :class:`~sglang_fl.dispatch.probes.ChipSdk` module;
+- :func:`constraint_tests`, the tests proving that a double rejects what the real SDK rejects:
+  one call per declared constraint, valid but for that constraint.
 
-Usage in a vendor's ``tests/conftest.py``::
+Usage in a vendor's ``tests/conftest.py`` and ``tests/test_double_constraints.py``::
 
     @pytest.fixture
     def my_sdk(monkeypatch):
         return install_double(monkeypatch, MySdkDouble(), MY_SDK)
+
+    test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_is_covered = (
+        constraint_tests(MySdkDouble, valid=[...], rejected={MySdkDouble.SOME_RULE: call, ...})
+    )
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -40,6 +47,7 @@ __all__ = [
     "Constraint",
     "ConstraintViolation",
     "SdkDouble",
+    "constraint_tests",
     "constraints_of",
     "install_double",
 ]
@@ -133,3 +141,46 @@ def install_double(monkeypatch: pytest.MonkeyPatch, double: DoubleT, sdk: ChipSd
     monkeypatch.setitem(sys.modules, sdk.name, double)
     monkeypatch.setattr(sdk, "module", double)
     return double
+
+
+def constraint_tests(
+    make_double: Callable[[], DoubleT],
+    valid: Sequence[Callable[[DoubleT], object]],
+    rejected: Mapping[Constraint, Callable[[DoubleT], object]],
+) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """Three pytest tests for a double; bind them to ``test_*`` names in a test module.
+
+    ``valid`` are calls the real SDK accepts: each must pass (so every refusal below is
+    specific). ``rejected`` maps each constraint to a call that violates it alone: the double
+    must refuse it naming that constraint and its source. The third test fails when the double
+    declares a constraint that ``rejected`` does not exercise.
+    """
+    import pytest
+
+    @pytest.mark.parametrize("call", valid)
+    def test_valid_calls_pass(call: Callable[[DoubleT], object]) -> None:
+        call(make_double())
+
+    @pytest.mark.parametrize(
+        ("constraint", "call"),
+        list(rejected.items()),
+        ids=[f"{c.operator}: {c.rule}" for c in rejected],
+    )
+    def test_rejects_what_the_sdk_rejects(
+        constraint: Constraint, call: Callable[[DoubleT], object]
+    ) -> None:
+        with pytest.raises(ConstraintViolation) as info:
+            call(make_double())
+        assert info.value.constraint is constraint, str(info.value)
+        assert constraint.source in str(info.value)
+
+    def test_every_constraint_is_covered() -> None:
+        declared = constraints_of(make_double())
+        missing = [f"{c.operator}: {c.rule}" for c in declared if c not in rejected]
+        assert not missing, f"constraints without a rejecting call: {missing}"
+
+    return (
+        test_valid_calls_pass,
+        test_rejects_what_the_sdk_rejects,
+        test_every_constraint_is_covered,
+    )
