@@ -121,7 +121,7 @@ def test_rms_norm_declines_a_foreign_weight_dtype(torch_npu: TorchNpuDouble) -> 
 
 def rope_inputs(
     dtype: torch.dtype = torch.bfloat16, interleaved: bool = False
-) -> tuple[object, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     contract = STANDARD_OPS["rotary_embedding"]
     case = next(
         c

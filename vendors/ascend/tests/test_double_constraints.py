@@ -92,6 +92,8 @@ def test_return_conventions() -> None:
     torch.testing.assert_close(total, (before[0].float() + before[1].float()).half())
     assert torch.equal(x, before[0])
     assert torch.equal(residual, before[1])
-    query, key = mrope()(sdk)  # type: ignore[misc]
+    rotated = mrope()(sdk)
+    assert isinstance(rotated, tuple)
+    query, key = rotated
     assert (query.shape, key.shape) == ((3, 128), (3, 64))
     assert sdk.called == ["npu_swiglu", "npu_rms_norm", "npu_add_rms_norm", "npu_mrope"]

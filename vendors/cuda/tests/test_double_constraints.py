@@ -96,6 +96,6 @@ def test_return_conventions() -> None:
     out = torch.empty(3, 8, dtype=torch.float16)
     assert sdk.silu_and_mul(t(3, 16), out) is out
     assert sdk.rmsnorm(x, t(16)).shape == x.shape
-    assert sdk.fused_add_rmsnorm(x, t(3, 16), t(16)) is None
+    assert fused(x, t(3, 16), t(16))(sdk) is None
     assert rope()(sdk) is None
     assert sdk.called == ["silu_and_mul", "rmsnorm", "fused_add_rmsnorm", "rotary_embedding"]

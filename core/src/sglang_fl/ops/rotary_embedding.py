@@ -108,13 +108,16 @@ def _case(
 def _cases() -> tuple[OpCase, ...]:
     heads, dims = ((1, 1), (4, 2)), ((16, 16), (64, 32))
     styles, modes = (False, True), (True, False)
-    grid = itertools.product((1, 5, 17), heads, dims, styles, modes)
+    grid = [_case(*point) for point in itertools.product((1, 5, 17), heads, dims, styles, modes)]
     # q and k as SGLang hands them over: views into the packed qkv projection output, so rows
     # are strided even when the whole head is rotated.
-    packed = itertools.product((5,), ((4, 2),), dims, styles, modes, (True,))
+    packed = [
+        _case(5, (4, 2), dim, style, mode, packed=True)
+        for dim, style, mode in itertools.product(dims, styles, modes)
+    ]
     # An empty batch (0 tokens).
-    empty = itertools.product((0,), ((4, 2),), ((64, 32),), (False,), modes)
-    return tuple(_case(*point) for point in (*grid, *packed, *empty))
+    empty = [_case(0, (4, 2), (64, 32), False, mode) for mode in modes]
+    return (*grid, *packed, *empty)
 
 
 def _heads(
