@@ -7,6 +7,7 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from sglang_fl.ops import STANDARD_OPS
 from sglang_fl.testing.hardware import (
     DTYPES,
     HardwareTarget,
+    load_script,
     max_errors,
     render,
     run_cases,
@@ -296,3 +298,14 @@ def test_importing_the_runner_imports_no_chip_sdk_and_no_sglang() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert found.strip() == "[]"
+
+
+def test_load_script_imports_a_vendor_script_from_its_file(tmp_path: Path) -> None:
+    script = tmp_path / "acme" / "scripts" / "conformance.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("TITLE = 'sglang-fl-acme'\n")
+    first, second = load_script(script), load_script(str(script))
+    assert (first.TITLE, first.__name__) == ("sglang-fl-acme", "acme_conformance")
+    assert first is not second  # a fresh module each time: tests may patch it freely
+    with pytest.raises(ImportError, match="cannot import the conformance script"):
+        load_script(tmp_path / "acme" / "scripts" / "conformance.txt")

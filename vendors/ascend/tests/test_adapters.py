@@ -40,11 +40,6 @@ def declined(op: str, case_params: Mapping[str, Any], dtype: torch.dtype) -> boo
     return op == "rotary_embedding" and case_params["rotary_dim"] % 32 and dtype != torch.float32
 
 
-def calls_the_operator(op: str, case_params: Mapping[str, Any], dtype: torch.dtype) -> bool:
-    """Never for an empty batch or a declined call."""
-    return case_params["tokens"] != 0 and not declined(op, case_params, dtype)
-
-
 def test_registers_every_standard_op_as_the_adapter_itself() -> None:
     assert {op: impl.fn for op, impl in IMPLS.items()} == {
         "silu_and_mul": silu_and_mul,
@@ -64,7 +59,8 @@ def test_contract_case(
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    assert len(torch_npu.calls) == calls_the_operator(op, case.params, dtype)
+    # One operator call, but none for a declined call or an empty batch (torch_npu refuses it).
+    assert len(torch_npu.calls) == (expected == PASSED and case.params["tokens"] > 0)
 
 
 def test_silu_and_mul_is_npu_swiglu_over_the_last_dim(torch_npu: TorchNpuDouble) -> None:
@@ -187,21 +183,3 @@ def test_silu_and_mul_packs_a_strided_input(torch_npu: TorchNpuDouble) -> None:
     ((_, (kernel_in,), _),) = torch_npu.calls
     assert kernel_in.is_contiguous()
     assert torch.equal(kernel_in, x)
-
-
-def test_empty_batches_call_no_operator(torch_npu: TorchNpuDouble) -> None:
-    empty = torch.empty(0, 16, dtype=torch.float16)
-    assert silu_and_mul(None, empty).shape == (0, 8)
-    assert rms_norm(norm_layer(16), empty) is empty
-    residual = torch.empty(0, 16, dtype=torch.float16)
-    out, new_residual = rms_norm(norm_layer(16), empty, residual)
-    assert out is empty
-    assert new_residual is residual
-    obj, query, key, cos, sin, positions = rope_inputs()
-    q0, k0, p0 = query[:0], key[:0], positions[:0]
-    q_same, k_same = rotary_embedding(obj, q0, k0, cos, sin, p0, False, True)
-    assert q_same is q0
-    assert k_same is k0
-    q_new, _ = rotary_embedding(obj, q0, k0, cos, sin, p0, False, False)
-    assert q_new is not q0
-    assert torch_npu.calls == []

@@ -7,8 +7,6 @@ its probe, its device, synchronize and SGLang method.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -21,21 +19,15 @@ from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
-from sglang_fl.testing.hardware import run_cases
+from sglang_fl.testing.hardware import load_script, run_cases
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "conformance.py"
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def script() -> ModuleType:
     """The script, imported from its file (it is not part of the installed package)."""
-    spec = importlib.util.spec_from_file_location("sglang_fl_ascend_conformance", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,11 +44,6 @@ def declined(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> 
     )
 
 
-def launches(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> bool:
-    """Whether the adapter calls a kernel: never for an empty batch or a declined call."""
-    return case_params["tokens"] != 0 and not declined(op, case_params, dtype)
-
-
 def test_registers_every_standard_op_as_the_adapter_itself() -> None:
     assert {op: impl.fn for op, impl in IMPLS.items()} == {
         "silu_and_mul": silu_and_mul,
@@ -67,7 +62,8 @@ def test_contract_case(
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    assert bool(sgl_kernel.calls) is launches(op, case.params, dtype)
+    # No kernel launch for a declined call, nor for an empty batch (it would fail).
+    assert bool(sgl_kernel.calls) is (expected == PASSED and case.params["tokens"] > 0)
 
 
 def rows(tokens: int, width: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -237,25 +233,6 @@ def test_rotary_with_different_head_strides_goes_through_copies(
     assert kernel_q.is_contiguous()
     torch.testing.assert_close(q_out, expected[0])
     torch.testing.assert_close(k_out, expected[1])
-
-
-def test_empty_batches_launch_no_kernel(sgl_kernel: SglKernelDouble) -> None:
-    empty = rows(0, 64)
-    assert silu_and_mul(None, empty).shape == (0, 32)
-    assert rms_norm(norm_layer(64), empty) is empty  # as RMSNorm.forward_cuda returns it
-    residual = rows(0, 64)
-    out, new_residual = rms_norm(norm_layer(64), empty, residual)
-    assert out is empty
-    assert new_residual is residual
-    obj, query, key, cos, sin, positions = rope_inputs()
-    q0, k0, p0 = query[:0], key[:0], positions[:0]
-    q_same, k_same = rotary_embedding(obj, q0, k0, cos, sin, p0, False, True)
-    assert q_same is q0
-    assert k_same is k0
-    q_new, k_new = rotary_embedding(obj, q0, k0, cos, sin, p0, False, False)
-    assert (q_new.shape, k_new.shape) == (q0.shape, k0.shape)
-    assert q_new is not q0
-    assert sgl_kernel.calls == []
 
 
 def test_rotary_declines_heads_the_kernel_cannot_group(sgl_kernel: SglKernelDouble) -> None:

@@ -26,11 +26,15 @@ is unavailable (the probe's reason is printed).
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -52,6 +56,7 @@ __all__ = [
     "DTYPES",
     "HardwareTarget",
     "Row",
+    "load_script",
     "max_errors",
     "render",
     "run_cases",
@@ -162,6 +167,18 @@ def summary(rows: Sequence[Row], sglang_forward: str) -> str:
     if ratios:
         text += f"; time vs SGLang {sglang_forward}: median {ratios[len(ratios) // 2]:.2f}x"
     return text
+
+
+def load_script(path: str | os.PathLike[str]) -> ModuleType:
+    """A vendor's ``scripts/conformance.py``, imported from its file as a fresh module (scripts
+    are not part of the installed wheel), for the vendor's tests of its wiring."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"{path.parents[1].name}_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the conformance script {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_hardware_conformance(argv: Sequence[str] | None, target: HardwareTarget) -> int:
