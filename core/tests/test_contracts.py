@@ -216,3 +216,29 @@ def test_uninspectable_callable_is_reported():
     problem = get_contract("silu_and_mul").signature_problem(Opaque())
     assert problem is not None
     assert "cannot be inspected" in problem
+
+
+@pytest.mark.parametrize("op", list(STANDARD_OPS))
+def test_every_contract_covers_an_empty_batch_and_strided_inputs(op):
+    """Kernels meet empty batches (an idle rank) and strided views (slices of a packed
+    projection): every contract has both, so the kit and the hardware scripts run them."""
+    contract = get_contract(op)
+    leading = []
+    for case in contract.cases:
+        inputs = contract.make_inputs(case, torch.float16, torch.device("cpu"), torch.Generator())
+        leading.append(inputs.args[0])
+    assert any(tensor.numel() == 0 for tensor in leading)
+    assert any(tensor.numel() > 0 and not tensor.is_contiguous() for tensor in leading)
+
+
+def test_rotary_packed_cases_cut_q_and_k_from_one_qkv_row():
+    contract = get_contract("rotary_embedding")
+    packed = [c for c in contract.cases if c.params["packed"]]
+    assert {c.params["rotary_dim"] == c.params["head_size"] for c in packed} == {True, False}
+    for case in packed:
+        inputs = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())
+        query, key = inputs.args[:2]
+        p = case.params
+        row = (p["q_heads"] + 2 * p["kv_heads"]) * p["head_size"]
+        assert query.stride(0) == key.stride(0) == row
+        assert key.data_ptr() - query.data_ptr() == p["q_heads"] * p["head_size"] * 4

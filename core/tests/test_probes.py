@@ -58,7 +58,7 @@ def test_available_when_sdk_imports_and_devices_visible(fake_sdk: types.ModuleTy
     result = probe.probe()
     assert result == Availability(True, f"{FAKE} 1.2.3 imported; 2 Widgets")
     assert probe.module is fake_sdk
-    assert probe.load() is fake_sdk
+    assert probe.require() is fake_sdk
 
 
 def test_one_device_is_singular(fake_sdk: types.ModuleType) -> None:
@@ -146,14 +146,14 @@ def test_concurrent_first_probes_count_once(fake_sdk: types.ModuleType) -> None:
     assert len({id(r) for r in results}) == 1
 
 
-def test_load_without_probe_imports_once(fake_sdk: types.ModuleType) -> None:
+def test_require_without_probe_imports_once(fake_sdk: types.ModuleType) -> None:
     probe = sdk(count_devices=Counter(0))
-    assert probe.load() is fake_sdk
-    assert probe.load() is fake_sdk
+    assert probe.require() is fake_sdk
+    assert probe.require() is fake_sdk
     assert probe.module is fake_sdk
 
 
-def test_failed_load_raises_the_same_reason_and_is_not_retried(
+def test_failed_require_raises_the_same_reason_and_is_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attempts: list[str] = []
@@ -166,7 +166,7 @@ def test_failed_load_raises_the_same_reason_and_is_not_retried(
     probe = sdk("kernels")
     for _ in range(2):
         with pytest.raises(ImportError, match=r"^kernels import failed: ImportError: no kernels"):
-            probe.load()
+            probe.require()
     assert not probe.probe().available
     assert attempts == ["kernels"]
 
@@ -174,5 +174,5 @@ def test_failed_load_raises_the_same_reason_and_is_not_retried(
 def test_repr_names_state(fake_sdk: types.ModuleType) -> None:
     probe = sdk()
     assert repr(probe) == f"<ChipSdk {FAKE!r}: not loaded>"
-    probe.load()
+    probe.require()
     assert repr(probe) == f"<ChipSdk {FAKE!r}: loaded>"

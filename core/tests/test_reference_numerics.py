@@ -82,13 +82,13 @@ def sglang_apply_rotary_emb(x, cos, sin, is_neox_style):
 def sglang_rotary_forward_native(layer, positions, query, key):
     """``RotaryEmbedding.forward_native`` on full heads ``[tokens, heads * head_size]``."""
     positions = positions.flatten()
-    num_tokens = positions.shape[0]
     cos_sin = layer.cos_sin_cache.index_select(0, positions)
     cos, sin = cos_sin.chunk(2, dim=-1)
     outputs = []
     for tensor in (query, key):
         shape = tensor.shape
-        tensor = tensor.view(num_tokens, -1, layer.head_size)
+        # SGLang's view(num_tokens, -1, head_size), which an empty batch would make ambiguous.
+        tensor = tensor.unflatten(-1, (-1, layer.head_size))
         rot = tensor[..., : layer.rotary_dim]
         passthrough = tensor[..., layer.rotary_dim :]
         rot = sglang_apply_rotary_emb(rot, cos, sin, layer.is_neox_style)
@@ -176,11 +176,11 @@ def test_rms_norm_residual_is_sum_in_input_dtype():
 # -- rotary_embedding -----------------------------------------------------------------------------
 
 
-def _full_heads(view: torch.Tensor) -> torch.Tensor:
-    """The ``[tokens, heads, head_size]`` tensor a (maybe partial) rotary view was cut from."""
-    base = view._base if view._base is not None else view
-    assert base.dim() == 3
-    return base
+def _full_heads(view: torch.Tensor, head_size: int) -> torch.Tensor:
+    """The ``[tokens, heads, head_size]`` heads a (maybe partial) rotary view was cut from, where
+    they lie (in their own tensor, or in a packed qkv buffer)."""
+    tokens, heads, _ = view.shape
+    return view.as_strided((tokens, heads, head_size), (view.stride(0), view.stride(1), 1))
 
 
 @pytest.mark.parametrize(("case", "dtype"), cases("rotary_embedding"))
@@ -191,14 +191,13 @@ def test_rotary_embedding_equals_sglang(case, dtype):
     query, key, cos, sin, positions = inputs.args
     inplace = inputs.kwargs["inplace"]
     assert inputs.kwargs["rotary_interleaved"] is (not obj.is_neox_style)
-    query_full, key_full = _full_heads(query), _full_heads(key)
-    tokens = query_full.shape[0]
+    query_full, key_full = _full_heads(query, obj.head_size), _full_heads(key, obj.head_size)
     # SGLang sees q/k flattened to [tokens, heads * head_size] and the whole cos_sin_cache.
     want_q, want_k = sglang_rotary_forward_native(
         obj,
         positions,
-        query_full.reshape(tokens, -1).clone(),
-        key_full.reshape(tokens, -1).clone(),
+        query_full.flatten(1).clone(),
+        key_full.flatten(1).clone(),
     )
     want_q = want_q.view_as(query_full)
     want_k = want_k.view_as(key_full)
@@ -225,8 +224,10 @@ def test_rotary_embedding_equals_sglang(case, dtype):
     else:
         assert torch.equal(query_full, q_full_before), "inplace=False must not touch query"
         assert torch.equal(key_full, k_full_before), "inplace=False must not touch key"
-        assert got_q.data_ptr() != query.data_ptr()
-        assert got_k.data_ptr() != key.data_ptr()
+        assert got_q is not query
+        assert got_k is not key
+        assert query.numel() == 0 or got_q.data_ptr() != query.data_ptr()
+        assert key.numel() == 0 or got_k.data_ptr() != key.data_ptr()
 
 
 def test_partial_rotary_cases_use_strided_views():

@@ -23,8 +23,8 @@ EXPECTED_FILES = [
     "src/sglang_fl_acme_npu/impl/activation.py",
     "src/sglang_fl_acme_npu/impl/normalization.py",
     "src/sglang_fl_acme_npu/impl/rotary.py",
+    "src/sglang_fl_acme_npu/plugin.py",
     "src/sglang_fl_acme_npu/py.typed",
-    "src/sglang_fl_acme_npu/register_ops.py",
     "tests/test_acme_npu_conformance.py",
     "tests/test_acme_npu_plugin.py",
 ]
@@ -75,7 +75,7 @@ def test_render_substitutes_everywhere(tmp_path: Path) -> None:
             ast.parse(text, filename=str(path))
     pyproject = (tmp_path / "pyproject.toml").read_text()
     assert 'name = "sglang-fl-acme-npu"' in pyproject
-    assert 'acme_npu = "sglang_fl_acme_npu.register_ops"' in pyproject
+    assert 'acme_npu = "sglang_fl_acme_npu.plugin"' in pyproject
     assert 'dependencies = ["sglang-fl>=0.1,<0.2"]' in pyproject
     backend = (tmp_path / "src/sglang_fl_acme_npu/backend.py").read_text()
     assert "class AcmeNpuBackend(Backend):" in backend

@@ -677,7 +677,7 @@ def test_template_only_plugins(installs):
     assert template["status"] == "loaded", template
     assert template["distribution"] == "sglang-fl-template"
     assert template["version"] == "0.1.0"
-    assert template["module"] == "sglang_fl_template.register_ops"
+    assert template["module"] == "sglang_fl_template.plugin"
     assert template["error"] is None
     assert "sglang_fl_register_ops" in template["hooks"]
     assert plugins["reference"]["status"] == "loaded"

@@ -10,10 +10,10 @@ For every case and dtype of each op contract, the ``vendor.ascend`` implementati
 NPU through core's conformance check (tolerance, untouched inputs, in-place outputs); the
 script prints the max absolute and relative error against the reference backend on the same
 inputs, and the time per call divided by that of SGLang's ``forward_npu`` on the same layer
-(``n/a`` without SGLang; ``--repeat 0`` or ``--no-baseline`` skips timing). ``npu_mrope`` and
-the norms have shape limits that only the hardware tells: a case the operator rejects shows as
-``failed`` with the operator's message. Exit status: 0 when all cases pass or are declined, 1
-otherwise, 2 when the backend is unavailable. The runner is core's
+(``n/a`` without SGLang; ``--repeat 0`` or ``--no-baseline`` skips timing). Cases the adapters
+decline (e.g. ``npu_mrope``'s head-size alignment) show as ``skipped``; a case the operator
+rejects anyway shows as ``failed`` with the operator's message. Exit status: 0 when all cases
+pass or are declined, 1 otherwise, 2 when the backend is unavailable. The runner is core's
 :mod:`sglang_fl.testing.hardware`; this file only says what is Ascend's own.
 """
 
@@ -23,8 +23,8 @@ import sys
 from collections.abc import Sequence
 
 import torch
-from sglang_fl_ascend.ascend import TORCH_NPU
-from sglang_fl_ascend.register_ops import register_builtins
+from sglang_fl_ascend import plugin
+from sglang_fl_ascend.backend import TORCH_NPU
 
 from sglang_fl.testing.hardware import HardwareTarget, run_hardware_conformance
 
@@ -35,7 +35,7 @@ def synchronize() -> None:
 
 TARGET = HardwareTarget(
     title="sglang-fl-ascend",
-    register=register_builtins,
+    register=plugin.sglang_fl_register_ops,  # the adapters exactly as the plugin registers them
     probe=TORCH_NPU.probe,
     device="npu",
     synchronize=synchronize,

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from sglang_fl_ascend.ascend import TORCH_NPU
+from sglang_fl_ascend.backend import TORCH_NPU
 from torch_npu_double import TorchNpuDouble
+
+from sglang_fl.testing.doubles import install_double
 
 
 @pytest.fixture
 def torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
     """A fresh double as ``torch_npu``, both in ``sys.modules`` and as the adapters' module."""
-    double = TorchNpuDouble()
-    monkeypatch.setitem(sys.modules, "torch_npu", double)
-    monkeypatch.setattr(TORCH_NPU, "module", double)
-    return double
+    return install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)

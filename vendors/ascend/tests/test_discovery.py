@@ -46,15 +46,15 @@ def ascend_candidate(decision: dict[str, Any]) -> dict[str, Any]:
     return mine
 
 
-def test_listed_from_its_distribution_and_loaded_through_register_builtins() -> None:
+def test_listed_from_its_distribution_and_loaded() -> None:
     (plugin,) = [p for p in cli("plugins", "--json")["plugins"] if p["name"] == "ascend"]
     assert plugin == {
         "name": "ascend",
-        "module": "sglang_fl_ascend.register_ops",
+        "module": "sglang_fl_ascend.plugin",
         "distribution": "sglang-fl-ascend",
         "version": sglang_fl_ascend.__version__,
         "status": "loaded",
-        "hooks": ["sglang_fl_register_ops"],  # the loader's adapter for the seed layout
+        "hooks": ["sglang_fl_platform", "sglang_fl_register_ops"],
         "error": None,
         "builtin": False,
     }
@@ -85,7 +85,7 @@ def test_sdk_is_imported_by_the_first_probe_not_by_loading() -> None:
     found = python(
         """
         import json, sys
-        import sglang_fl_ascend.register_ops
+        import sglang_fl_ascend.plugin
         steps = ["torch_npu" in sys.modules]
         from sglang_fl.runtime import get_runtime
         runtime = get_runtime()

@@ -1,46 +1,163 @@
-"""A TEST DOUBLE of ``sgl_kernel``: its documented kernel semantics in PyTorch, on the CPU.
+"""A TEST DOUBLE of ``sgl_kernel`` (``sglang-kernel`` 0.4.x): its kernels in PyTorch, on the CPU.
 
 Not the real SDK. It stands in for ``sgl_kernel`` in ``sys.modules`` so the adapters can be
-checked here, without a GPU: same function names, argument order, in-place writes and return
-values as sgl_kernel's Python API (``sgl_kernel/elementwise.py``, 0.4.x), and the same
-preconditions the CUDA kernels rely on (dtype, contiguity, int64 positions, cache dtype), which
-it turns into ``AssertionError`` where the real kernel would throw or read garbage. Every call
-is recorded in :attr:`SglKernelDouble.calls`.
+checked here without a GPU: same function names, argument order, in-place writes and return
+values as the wheel's Python API (``sgl_kernel/elementwise.py`` of ``sglang-kernel`` 0.4.10,
+the version SGLang 0.5.23 pins), and every precondition of those kernels, each a
+:class:`~sglang_fl.testing.doubles.Constraint` naming its source: the wrapper's own checks, the
+op schemas and ``TORCH_CHECK`` messages compiled into ``sgl_kernel/sm90/common_ops.abi3.so``
+(``strings`` shows them), and the addressing of the kernels (FlashInfer's ``norm.cuh``, vLLM's
+``pos_enc.cu``) where a violation is not checked but reads the wrong memory or crashes. A call
+the real kernel would reject raises :class:`~sglang_fl.testing.doubles.ConstraintViolation`.
+Every call is recorded in :attr:`SglKernelDouble.calls`.
 """
 
 from __future__ import annotations
 
-import types
-from typing import Any
-
 import torch
 import torch.nn.functional as F
+
+from sglang_fl.testing.doubles import Constraint, SdkDouble
 
 HALF = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float32, *HALF)
 
+WRAPPER = "sgl_kernel/elementwise.py (sglang-kernel 0.4.10)"
+LIBRARY = "TORCH_CHECK in sgl_kernel/sm90/common_ops.abi3.so (sglang-kernel 0.4.10)"
+NORM_CU = f"{LIBRARY}, csrc/elementwise/fused_add_rms_norm_kernel.cu and FlashInfer norm.cuh"
+POS_ENC = f"{LIBRARY}, csrc/elementwise/pos_enc.cu"
+EMPTY_GRID = (
+    "fails: it launches one CUDA block per token, and a launch with 0 blocks is an invalid "
+    "configuration (CUDA C++ Programming Guide, execution configuration)"
+)
 
-class SglKernelDouble(types.ModuleType):
+
+class SglKernelDouble(SdkDouble):
     """``sgl_kernel`` stand-in: ``silu_and_mul``, ``rmsnorm``, ``fused_add_rmsnorm``, rope."""
+
+    # -- silu_and_mul(input, out=None) -> out -------------------------------------------------
+    SILU_ROW_BYTES = Constraint(
+        "silu_and_mul",
+        "rows of a multiple of 16 bytes",
+        f'{WRAPPER}: raise ValueError("The pointers must be multiple of 16 bytes.")',
+        "raises ValueError",
+    )
+    SILU_OUT_SHAPE = Constraint(
+        "silu_and_mul",
+        "out of input's shape with the last dim halved",
+        f"{WRAPPER}: _check_shape asserts",
+        "raises AssertionError",
+    )
+    SILU_DTYPE = Constraint(
+        "silu_and_mul",
+        "float32/float16/bfloat16 input, and out in input's dtype",
+        f"{LIBRARY}, csrc/elementwise/activation.cu: 'Check failed: t.dtype() == dtype'",
+    )
+    SILU_CONTIGUOUS = Constraint(
+        "silu_and_mul",
+        "contiguous input and out",
+        "csrc/elementwise/activation.cu addresses token t's row at t * 2d (no strides)",
+        "reads and writes the wrong elements",
+    )
+    SILU_ALIGNED = Constraint(
+        "silu_and_mul",
+        "input and out starting at 16-byte aligned addresses",
+        f"{LIBRARY}: 'Check failed: ((int64_t)t.data_ptr()) % 16 == 0'",
+    )
+    SILU_TOKENS = Constraint("silu_and_mul", "at least one token", "activation.cu", EMPTY_GRID)
+
+    # -- rmsnorm(input, weight, eps, out=None) -> out; fused_add_rmsnorm(...) -> None ---------
+    NORM_SHAPES = Constraint(
+        "rmsnorm/fused_add_rmsnorm",
+        "2-D input [batch, hidden] (and residual of the same shape), 1-D weight [hidden]",
+        f"{NORM_CU}: 'input must be a 2D tensor', 'weight must be a 1D tensor', "
+        "'CHECK_EQ(input.size(1), weight.size(0))'",
+    )
+    NORM_CONTIGUOUS = Constraint(
+        "rmsnorm/fused_add_rmsnorm",
+        "contiguous input, residual and weight",
+        f"{NORM_CU}: CHECK_INPUT ('residual must be contiguous', ...)",
+    )
+    NORM_DTYPE = Constraint(
+        "rmsnorm/fused_add_rmsnorm",
+        "weight (and residual) in input's dtype",
+        f"{NORM_CU}: the kernels read every operand as input's element type",
+        "reads the weight's bytes as the wrong type",
+    )
+    RMSNORM_HALF = Constraint(
+        "rmsnorm",
+        "float16 or bfloat16 input",
+        f"{WRAPPER}: _FLASHINFER_NORM_SUPPORTED_DTYPES, and the fallback kernel dispatches "
+        "fp16/bf16 only",
+        "raises 'not implemented for Float'",
+    )
+    FUSED_ADD_DTYPE = Constraint(
+        "fused_add_rmsnorm",
+        "float32, float16 or bfloat16 input",
+        f"{NORM_CU}: sgl_fused_add_rmsnorm dispatches these three",
+    )
+    NORM_TOKENS = Constraint("rmsnorm/fused_add_rmsnorm", "at least one row", NORM_CU, EMPTY_GRID)
+
+    # -- rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -> None ---
+    ROPE_POSITIONS = Constraint(
+        "rotary_embedding",
+        "contiguous int64 positions of shape [num_tokens]",
+        f"{POS_ENC}: 'positions must have shape [num_tokens] or [batch_size, seq_len]'; the "
+        "kernel reads positions as int64_t",
+    )
+    ROPE_TOKENS_MATCH = Constraint(
+        "rotary_embedding",
+        "query, key and positions with the same number of tokens",
+        f"{POS_ENC}: 'query, key and positions must have the same number of tokens'",
+    )
+    ROPE_HEAD_SIZE = Constraint(
+        "rotary_embedding",
+        "query and key hidden sizes divisible by head_size",
+        f"{POS_ENC}: 'Expected query_hidden_size % head_size == 0', 'key_hidden_size % ...'",
+    )
+    ROPE_GQA = Constraint(
+        "rotary_embedding",
+        "num_heads divisible by num_kv_heads",
+        f"{POS_ENC}: 'Expected num_heads % num_kv_heads == 0'",
+    )
+    ROPE_DTYPE = Constraint(
+        "rotary_embedding",
+        "float32/float16/bfloat16 query and key, and a 2-D contiguous cos_sin_cache in their dtype",
+        f"{POS_ENC}: dispatches on query's dtype and reads the cache as that type",
+        "reads the cache's bytes as the wrong type",
+    )
+    ROPE_LAYOUT = Constraint(
+        "rotary_embedding",
+        "a unit stride in the last dim of query and key, and key's head stride equal to query's",
+        f"{POS_ENC}: token strides from stride(0), one head stride (query.stride(-2)) for both",
+        "reads and writes the wrong elements",
+    )
+    ROPE_NOT_EMPTY = Constraint(
+        "rotary_embedding",
+        "at least one token",
+        f"{POS_ENC}: query_hidden_size = query.numel() / num_tokens",
+        "divides by zero (SIGFPE kills the process)",
+    )
 
     def __init__(self) -> None:
         super().__init__("sgl_kernel")
-        self.__version__ = "0.0.0+double"
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
 
     def silu_and_mul(self, input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        self.calls.append(("silu_and_mul", (input, out)))
-        if input.shape[-1] * input.dtype.itemsize % 16 != 0:
-            raise ValueError("The pointers must be multiple of 16 bytes.")
+        self.record("silu_and_mul", input, out)
+        self.SILU_ROW_BYTES.check(input.shape[-1] * input.dtype.itemsize % 16 == 0, _row(input))
         d = input.shape[-1] // 2
         if out is None:
             out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
-        assert input.shape[:-1] == out.shape[:-1]
-        assert input.shape[-1] == 2 * out.shape[-1]
-        assert input.dtype in FLOATS
-        assert out.dtype == input.dtype
-        assert input.is_contiguous(), "kernel reads packed rows"
-        assert out.is_contiguous(), "kernel writes packed rows"
+        halved = (*input.shape[:-1], d)
+        self.SILU_OUT_SHAPE.check(tuple(out.shape) == halved, f"out {tuple(out.shape)}")
+        self.SILU_DTYPE.check(
+            input.dtype in FLOATS and out.dtype == input.dtype, f"{input.dtype} -> {out.dtype}"
+        )
+        self.SILU_CONTIGUOUS.check(
+            input.is_contiguous() and out.is_contiguous(), _strides(input=input, out=out)
+        )
+        self.SILU_ALIGNED.check(input.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
+        self.SILU_TOKENS.check(input.numel() > 0, f"input {tuple(input.shape)}")
         # silu in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
         out.copy_(F.silu(input[..., :d].float()).to(input.dtype) * input[..., d:])
         return out
@@ -53,9 +170,9 @@ class SglKernelDouble(types.ModuleType):
         out: torch.Tensor | None = None,
         enable_pdl: bool | None = None,
     ) -> torch.Tensor:
-        self.calls.append(("rmsnorm", (input, weight, eps, out)))
-        _check_norm_operands(input, weight)
-        assert input.dtype in HALF, f"rmsnorm kernel is built for fp16/bf16, got {input.dtype}"
+        self.record("rmsnorm", input, weight, eps, out)
+        self.RMSNORM_HALF.check(input.dtype in HALF, str(input.dtype))
+        self._check_norm(input, weight)
         if out is None:
             out = torch.empty_like(input)
         out.copy_(_normalise(input.float(), weight, eps).to(input.dtype))
@@ -69,12 +186,9 @@ class SglKernelDouble(types.ModuleType):
         eps: float = 1e-6,
         enable_pdl: bool | None = None,
     ) -> None:
-        self.calls.append(("fused_add_rmsnorm", (input, residual, weight, eps)))
-        _check_norm_operands(input, weight)
-        assert input.dtype in FLOATS
-        assert residual.shape == input.shape
-        assert residual.dtype == input.dtype
-        assert residual.is_contiguous()
+        self.record("fused_add_rmsnorm", input, residual, weight, eps)
+        self.FUSED_ADD_DTYPE.check(input.dtype in FLOATS, str(input.dtype))
+        self._check_norm(input, weight, residual)
         total = input.float() + residual.float()
         residual.copy_(total)  # step 1: residual += input
         input.copy_(_normalise(total, weight, eps))  # step 2: input = norm(residual) * weight
@@ -88,42 +202,76 @@ class SglKernelDouble(types.ModuleType):
         cos_sin_cache: torch.Tensor,
         is_neox: bool = True,
     ) -> None:
-        self.calls.append(
-            ("rotary_embedding", (positions, query, key, head_size, cos_sin_cache, is_neox))
+        self.record("rotary_embedding", positions, query, key, head_size, cos_sin_cache, is_neox)
+        tensors = [query] if key is None else [query, key]
+        self.ROPE_POSITIONS.check(
+            positions.dtype == torch.int64 and positions.dim() == 1 and positions.is_contiguous(),
+            f"{positions.dtype} {tuple(positions.shape)}",
         )
-        assert positions.dtype == torch.int64
-        assert positions.dim() == 1
-        assert positions.is_contiguous()
         num_tokens = positions.shape[0]
-        assert query.shape[0] == num_tokens
-        assert key is None or key.shape[0] == num_tokens
-        assert query.dtype in FLOATS
-        assert cos_sin_cache.dtype == query.dtype
-        assert cos_sin_cache.dim() == 2
-        assert cos_sin_cache.is_contiguous()
-        rot_dim = cos_sin_cache.shape[1]
-        # As the kernel addresses memory: token stride from dim 0, the QUERY's head stride for
-        # both tensors (head_size only counts the heads), unit stride in the last dim.
+        self.ROPE_TOKENS_MATCH.check(
+            all(t.shape[0] == num_tokens for t in tensors),
+            f"{num_tokens} positions, {[t.shape[0] for t in tensors]} rows",
+        )
+        self.ROPE_NOT_EMPTY.check(num_tokens > 0, "0 tokens")
+        hidden = [t.numel() // num_tokens for t in tensors]
+        self.ROPE_HEAD_SIZE.check(all(h % head_size == 0 for h in hidden), f"{hidden}/{head_size}")
+        heads = [h // head_size for h in hidden]
+        self.ROPE_GQA.check(heads[0] % heads[-1] == 0, f"{heads[0]} heads, {heads[-1]} kv heads")
+        self.ROPE_DTYPE.check(
+            query.dtype in FLOATS
+            and all(t.dtype == query.dtype for t in tensors)
+            and cos_sin_cache.dtype == query.dtype
+            and cos_sin_cache.dim() == 2
+            and cos_sin_cache.is_contiguous(),
+            f"query {query.dtype}, cache {cos_sin_cache.dtype} {tuple(cos_sin_cache.shape)}",
+        )
         head_stride = query.stride(-2) if query.dim() == 3 else head_size
+        self.ROPE_LAYOUT.check(
+            all(t.stride(-1) == 1 for t in tensors)
+            and all(t.dim() != 3 or t.stride(-2) == head_stride for t in tensors),
+            _strides(query=query, key=key),
+        )
+        rot_dim = cos_sin_cache.shape[1]
         cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        for tensor in (query, key):
-            if tensor is None:
-                continue
-            assert tensor.stride(-1) == 1, "kernel assumes a unit stride in the last dim"
-            assert tensor.numel() // num_tokens % head_size == 0
-            heads = tensor.numel() // num_tokens // head_size
+        for tensor, count in zip(tensors, heads, strict=True):
+            # As the kernel addresses memory: the token stride from dim 0, the query's head
+            # stride for both tensors, unit stride in the last dim.
             rotated = tensor.as_strided(
-                (num_tokens, heads, rot_dim), (tensor.stride(0), head_stride, 1)
+                (num_tokens, count, rot_dim),
+                (tensor.stride(0), head_stride, 1),
+                tensor.storage_offset(),
             )
             rotated.copy_(_rotate(rotated, cos, sin, is_neox))
 
+    def _check_norm(
+        self, input: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> None:
+        operands = [input] if residual is None else [input, residual]
+        self.NORM_SHAPES.check(
+            input.dim() == 2
+            and weight.dim() == 1
+            and weight.shape[0] == input.shape[-1]
+            and all(t.shape == input.shape for t in operands),
+            f"input {tuple(input.shape)}, weight {tuple(weight.shape)}",
+        )
+        self.NORM_CONTIGUOUS.check(
+            all(t.is_contiguous() for t in (*operands, weight)),
+            _strides(input=input, residual=residual, weight=weight),
+        )
+        self.NORM_DTYPE.check(
+            all(t.dtype == input.dtype for t in (*operands, weight)),
+            f"input {input.dtype}, weight {weight.dtype}",
+        )
+        self.NORM_TOKENS.check(input.shape[0] > 0, f"input {tuple(input.shape)}")
 
-def _check_norm_operands(input: torch.Tensor, weight: torch.Tensor) -> None:
-    assert input.dim() == 2, "norm kernels take [batch, hidden]"
-    assert input.is_contiguous(), "norm kernels read packed rows"
-    assert weight.dim() == 1
-    assert weight.shape[0] == input.shape[1]
-    assert weight.dtype == input.dtype, "kernel reads the weight as the input's element type"
+
+def _row(tensor: torch.Tensor) -> str:
+    return f"{tensor.shape[-1]} x {tensor.dtype}"
+
+
+def _strides(**tensors: torch.Tensor | None) -> str:
+    return ", ".join(f"{n} strides {t.stride()}" for n, t in tensors.items() if t is not None)
 
 
 def _normalise(total: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,11 +1,15 @@
 """The sgl_kernel adapters against the ``sgl_kernel`` test double (no GPU, no real SDK).
 
-Each adapter runs every case and dtype of its op contract through core's conformance check
-(values vs the reference, untouched inputs, in-place outputs), then the tests below pin the
-kernel calls themselves: argument order, dtypes, which tensors are written in place.
+Each adapter runs every case and dtype of its op contract (empty batches and strided inputs
+included) through core's conformance check (values vs the reference, untouched inputs,
+in-place outputs) against a double that rejects what the real kernels reject; then the tests
+below pin the kernel calls themselves: argument order, dtypes, which tensors are written in
+place, and what is declined or never launched.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from sglang_fl_cuda.impl.rotary import rotary_embedding
 
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
-from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.ops import STANDARD_OPS, OpCase
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
 
 REGISTRY = registered_by(plugin.sglang_fl_register_ops)
@@ -29,9 +33,15 @@ CASES = [
 ]
 
 
-def declined(op: str, case_params: dict[str, object], dtype: torch.dtype) -> bool:
-    """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm has no fp32 path."""
-    return op == "rms_norm" and not case_params["residual"] and dtype == torch.float32
+def declined(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> bool:
+    """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm has no fp32 path
+    (an empty batch needs no kernel, so it is served)."""
+    return (
+        op == "rms_norm"
+        and not case_params["residual"]
+        and dtype == torch.float32
+        and case_params["tokens"] != 0
+    )
 
 
 def test_registers_every_standard_op_as_the_adapter_itself() -> None:
@@ -47,12 +57,13 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
 
 @pytest.mark.parametrize(("op", "case", "dtype"), CASES)
 def test_contract_case(
-    sgl_kernel: SglKernelDouble, op: str, case: object, dtype: torch.dtype
+    sgl_kernel: SglKernelDouble, op: str, case: OpCase, dtype: torch.dtype
 ) -> None:
-    outcome = check_case(IMPLS[op], case, dtype)  # type: ignore[arg-type]
-    expected = SKIPPED if declined(op, case.params, dtype) else PASSED  # type: ignore[attr-defined]
+    outcome = check_case(IMPLS[op], case, dtype)
+    expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    assert sgl_kernel.calls or expected == SKIPPED
+    # No kernel launch for a declined call, nor for an empty batch (it would fail).
+    assert bool(sgl_kernel.calls) is (expected == PASSED and case.params["tokens"] > 0)
 
 
 def rows(tokens: int, width: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -62,7 +73,7 @@ def rows(tokens: int, width: int, dtype: torch.dtype = torch.bfloat16) -> torch.
 def test_silu_and_mul_passes_input_then_output(sgl_kernel: SglKernelDouble) -> None:
     x = rows(3, 64)
     out = silu_and_mul(None, x)
-    ((name, (kernel_in, kernel_out)),) = sgl_kernel.calls
+    ((name, (kernel_in, kernel_out), _),) = sgl_kernel.calls
     assert name == "silu_and_mul"
     assert kernel_in is x
     assert kernel_out is out
@@ -73,7 +84,7 @@ def test_silu_and_mul_passes_input_then_output(sgl_kernel: SglKernelDouble) -> N
 def test_silu_and_mul_packs_a_strided_input(sgl_kernel: SglKernelDouble) -> None:
     x = rows(3, 128)[:, ::2]
     silu_and_mul(None, x)
-    ((_, (kernel_in, _)),) = sgl_kernel.calls
+    ((_, (kernel_in, _), _),) = sgl_kernel.calls
     assert kernel_in.is_contiguous()
     assert torch.equal(kernel_in, x)
 
@@ -94,7 +105,7 @@ def norm_layer(hidden: int, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Mod
 def test_rms_norm_calls_rmsnorm_with_weight_data_and_epsilon(sgl_kernel: SglKernelDouble) -> None:
     layer, x = norm_layer(16), rows(4, 16)
     out = rms_norm(layer, x)
-    ((name, (kernel_x, weight, eps, kernel_out)),) = sgl_kernel.calls
+    ((name, (kernel_x, weight, eps, kernel_out), _),) = sgl_kernel.calls
     assert name == "rmsnorm"
     assert kernel_x is x
     assert kernel_out is None  # the kernel allocates the output
@@ -109,7 +120,7 @@ def test_rms_norm_with_residual_is_fused_in_place(sgl_kernel: SglKernelDouble) -
     layer, x, residual = norm_layer(16), rows(4, 16), rows(4, 16) * 2
     total = x.float() + residual.float()
     out, new_residual = rms_norm(layer, x, residual)
-    ((name, (kernel_x, kernel_residual, _, eps)),) = sgl_kernel.calls
+    ((name, (kernel_x, kernel_residual, _, eps), _),) = sgl_kernel.calls
     assert name == "fused_add_rmsnorm"
     assert kernel_x is x
     assert kernel_residual is residual
@@ -161,7 +172,7 @@ def test_rotary_rotates_partial_views_where_they_lie(sgl_kernel: SglKernelDouble
     obj, query, key, cos, sin, positions = rope_inputs()
     assert not query.is_contiguous()  # [tokens, heads, 32] view of [tokens, heads, 64]
     q_out, k_out = rotary_embedding(obj, query, key, cos, sin, positions, False, True)
-    ((name, args),) = sgl_kernel.calls
+    ((name, args, _),) = sgl_kernel.calls
     kernel_positions, kernel_q, kernel_k, head_size, cache, is_neox = args
     assert name == "rotary_embedding"
     assert kernel_q is query
@@ -222,3 +233,22 @@ def test_rotary_with_different_head_strides_goes_through_copies(
     assert kernel_q.is_contiguous()
     torch.testing.assert_close(q_out, expected[0])
     torch.testing.assert_close(k_out, expected[1])
+
+
+def test_rotary_declines_heads_the_kernel_cannot_group(sgl_kernel: SglKernelDouble) -> None:
+    obj, query, key, cos, sin, positions = rope_inputs()
+    three_kv_heads = torch.zeros(key.shape[0], 3, key.shape[-1], dtype=key.dtype)
+    before = query.clone()
+    with pytest.raises(Unsupported, match="num_heads divisible by num_kv_heads; got 4 and 3"):
+        rotary_embedding(obj, query, three_kv_heads, cos, sin, positions, False, True)
+    assert sgl_kernel.calls == []
+    assert torch.equal(query, before)
+
+
+def test_rms_norm_packs_a_strided_weight(sgl_kernel: SglKernelDouble) -> None:
+    layer = norm_layer(16)
+    layer.weight = torch.nn.Parameter(torch.rand(32).to(torch.bfloat16)[::2])
+    rms_norm(layer, rows(4, 16), rows(4, 16))
+    ((_, (_, _, weight, _), _),) = sgl_kernel.calls
+    assert weight.is_contiguous()
+    assert torch.equal(weight, layer.weight)

@@ -7,7 +7,7 @@ from sglang_fl_template.backend import TemplateBackend
 from sglang_fl import get_runtime
 from sglang_fl.dispatch.types import Availability
 
-# What register_ops.py registers: keep it in step when you add or drop an op.
+# What plugin.py registers: keep it in step when you add or drop an op.
 REGISTERED_OPS = {"silu_and_mul", "rms_norm", "rotary_embedding"}
 
 

@@ -4,8 +4,8 @@ A vendor plugin must not import its chip SDK when its module is imported (on a m
 the chip the SDK may be missing, fail to load its native libraries, or take seconds), yet its
 kernel adapters need the SDK module on every call. :class:`ChipSdk` holds both answers: created
 at plugin import time, it imports nothing until the first availability probe or the first
-adapter call, caches the module (adapters read :attr:`ChipSdk.module`, a plain attribute), and
-turns every failure into an :class:`~sglang_fl.dispatch.types.Availability` whose reason
+adapter call (:meth:`ChipSdk.require`, one attribute read once the module is loaded), and turns
+every failure into an :class:`~sglang_fl.dispatch.types.Availability` whose reason
 ``sglang-fl explain`` shows.
 """
 
@@ -68,11 +68,14 @@ class ChipSdk:
         # Re-entrant: a count_devices that reads `.module` may run while a probe holds it.
         self._lock = threading.RLock()
 
-    def load(self) -> ModuleType:
-        """The SDK module, imported on the first call; raises ``ImportError`` with the reason.
+    def require(self) -> ModuleType:
+        """The SDK module for a kernel call: imported on the first call, then one attribute read.
 
-        A failed import is not retried: the same reason is raised again (an SDK whose native
-        libraries are missing does not appear later in the same process).
+        Adapters call it on every call (``torch_npu = TORCH_NPU.require()``); they only run
+        once the probe said the SDK is there, so a failure here is a bug worth raising: an
+        ``ImportError`` with the import's reason. A failed import is not retried: the same
+        reason is raised again (an SDK whose native libraries are missing does not appear later
+        in the same process).
         """
         module = self.module
         if module is not None:
@@ -83,6 +86,9 @@ class ChipSdk:
             if self.module is None:
                 raise ImportError(self._error)
             return self.module
+
+    # The name vendors written before ``require`` use; the same method.
+    load = require
 
     def probe(self) -> Availability:
         """Whether the SDK imports and a device is visible; computed once, never raises."""

@@ -26,6 +26,8 @@ def _signature(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Normalise ``x`` ``[num_tokens, hidden]`` with ``obj.weight`` and ``obj.variance_epsilon``.
 
+    ``num_tokens`` may be 0; ``x`` may be a strided view.
+
     Without ``residual``: returns the normalised tensor. With ``residual``: computes
     ``s = x + residual`` and returns ``(rms_norm(s), s)``; an implementation may write these
     two results into ``x`` and ``residual`` (as fused kernels do), so callers use the returned
@@ -55,12 +57,23 @@ def _case_name(p: Mapping[str, Any]) -> str:
     return name + ("" if p["contiguous"] else ",strided")
 
 
-CASES = case_grid(
-    _case_name,
-    axis("tokens", (1, 7, 33)),
-    axis("hidden", (16, 128, 1024)),
-    axis("residual", (False, True)),
-    axis("contiguous", (True, False)),
+_RESIDUAL = axis("residual", (False, True))
+CASES = (
+    *case_grid(
+        _case_name,
+        axis("tokens", (1, 7, 33)),
+        axis("hidden", (16, 128, 1024)),
+        _RESIDUAL,
+        axis("contiguous", (True, False)),
+    ),
+    # An empty batch (0 tokens), with and without the residual.
+    *case_grid(
+        _case_name,
+        axis("tokens", (0,)),
+        axis("hidden", (128,)),
+        _RESIDUAL,
+        axis("contiguous", (True,)),
+    ),
 )
 
 

@@ -40,6 +40,7 @@ def _signature(
     halves), ``True`` the GPT-J style (rotate even/odd pairs). With ``inplace=True`` the results
     are written into ``query`` and ``key`` (which may be strided views of a wider head) and
     returned; with ``inplace=False`` both inputs stay untouched and new tensors are returned.
+    ``num_tokens`` may be 0; rows may be strided (q and k cut from one packed qkv tensor).
     """
     raise NotImplementedError
 
@@ -84,18 +85,55 @@ def _case_name(p: Mapping[str, Any]) -> str:
     name = f"tokens={p['tokens']},heads={p['q_heads']}/{p['kv_heads']},rotary_dim={p['rotary_dim']}"
     name += f"/{p['head_size']}" if p["rotary_dim"] < p["head_size"] else ""
     name += ",interleaved" if p["interleaved"] else ",neox"
-    return name + (",inplace" if p["inplace"] else ",out-of-place")
+    name += ",inplace" if p["inplace"] else ",out-of-place"
+    return name + (",packed-qkv" if p["packed"] else "")
 
 
-CASES = case_grid(
-    _case_name,
-    axis("tokens", (1, 5, 17)),
-    ({"q_heads": 1, "kv_heads": 1}, {"q_heads": 4, "kv_heads": 2}),
-    # Full rotary, and partial rotary (the leading half of each head).
-    ({"head_size": 16, "rotary_dim": 16}, {"head_size": 64, "rotary_dim": 32}),
-    axis("interleaved", (False, True)),
-    axis("inplace", (True, False)),
+_GQA = {"q_heads": 4, "kv_heads": 2}
+# Full rotary, and partial rotary (the leading half of each head).
+_DIMS = ({"head_size": 16, "rotary_dim": 16}, {"head_size": 64, "rotary_dim": 32})
+_STYLES, _MODES = axis("interleaved", (False, True)), axis("inplace", (True, False))
+CASES = (
+    *case_grid(
+        _case_name,
+        axis("tokens", (1, 5, 17)),
+        ({"q_heads": 1, "kv_heads": 1}, _GQA),
+        _DIMS,
+        _STYLES,
+        _MODES,
+        axis("packed", (False,)),
+    ),
+    # q and k as SGLang hands them over: views into the packed qkv projection output, so rows
+    # are strided even when the whole head is rotated.
+    *case_grid(
+        _case_name, axis("tokens", (5,)), (_GQA,), _DIMS, _STYLES, _MODES, axis("packed", (True,))
+    ),
+    # An empty batch (0 tokens).
+    *case_grid(
+        _case_name,
+        axis("tokens", (0,)),
+        (_GQA,),
+        (_DIMS[1],),
+        axis("interleaved", (False,)),
+        _MODES,
+        axis("packed", (False,)),
+    ),
 )
+
+
+def _heads(
+    p: Mapping[str, Any], dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full ``[tokens, heads, head_size]`` query and key, separate or cut from one qkv buffer."""
+    tokens, head_size, q_heads, kv_heads = p["tokens"], p["head_size"], p["q_heads"], p["kv_heads"]
+    if not p["packed"]:
+        query = random_tensor((tokens, q_heads, head_size), dtype, device, generator)
+        return query, random_tensor((tokens, kv_heads, head_size), dtype, device, generator)
+    width = (q_heads + 2 * kv_heads) * head_size  # q, k and v side by side in each row
+    qkv = random_tensor((tokens, width), dtype, device, generator)
+    q_end, k_end = q_heads * head_size, (q_heads + kv_heads) * head_size
+    query = qkv[:, :q_end].view(tokens, q_heads, head_size)
+    return query, qkv[:, q_end:k_end].view(tokens, kv_heads, head_size)
 
 
 def _make_inputs(
@@ -104,8 +142,7 @@ def _make_inputs(
     p = case.params
     rotary_dim, head_size = p["rotary_dim"], p["head_size"]
     # Partial rotary: q and k are the leading rotary_dim columns of each head (strided views).
-    query_full = random_tensor((p["tokens"], p["q_heads"], head_size), dtype, device, generator)
-    key_full = random_tensor((p["tokens"], p["kv_heads"], head_size), dtype, device, generator)
+    query_full, key_full = _heads(p, dtype, device, generator)
     query, key = query_full[..., :rotary_dim], key_full[..., :rotary_dim]
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
     freqs = torch.outer(torch.arange(MAX_POSITIONS, dtype=torch.float32), inv_freq)
@@ -130,6 +167,26 @@ def _make_inputs(
     else:
         inputs.preserved = (*inputs.preserved, "query", "key")
     return inputs
+
+
+# Layer attribute holding (cos, sin, joined cache) for the last cos/sin pair a kernel was given.
+_JOINED_CACHE_ATTR = "_sglang_fl_joined_cos_sin_cache"
+
+
+def joined_cos_sin_cache(obj: Any, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``cat(cos, sin)``: the ``[max_positions, rotary_dim]`` cache rope kernels read, from the
+    ``cos``/``sin`` halves the standard signature passes (for vendor kernels).
+
+    Built once per cos/sin pair and kept on the layer: callers pass the same tensors on every
+    call (the SGLang bridge converts the layer's cache once per dtype), so after the first call
+    this is one attribute read.
+    """
+    memo = getattr(obj, _JOINED_CACHE_ATTR, None)
+    if memo is None or memo[0] is not cos or memo[1] is not sin:
+        memo = (cos, sin, torch.cat((cos, sin), dim=-1))
+        setattr(obj, _JOINED_CACHE_ATTR, memo)
+    joined: torch.Tensor = memo[2]
+    return joined
 
 
 CONTRACT = OpContract(

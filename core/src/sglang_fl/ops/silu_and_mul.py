@@ -23,7 +23,8 @@ from .contract import (
 
 
 def _signature(obj: Any, x: torch.Tensor) -> torch.Tensor:
-    """``x`` is ``[num_tokens, 2*d]``; returns a new ``[num_tokens, d]`` tensor, ``x`` untouched."""
+    """``x`` is ``[num_tokens, 2*d]`` (``num_tokens`` may be 0, and ``x`` a strided view);
+    returns a new ``[num_tokens, d]`` tensor, ``x`` untouched."""
     raise NotImplementedError
 
 
@@ -37,11 +38,15 @@ def _case_name(p: Mapping[str, Any]) -> str:
     return f"tokens={p['tokens']},d={p['d']}" + ("" if p["contiguous"] else ",strided")
 
 
-CASES = case_grid(
-    _case_name,
-    axis("tokens", (1, 7, 33)),
-    axis("d", (16, 128, 352)),
-    axis("contiguous", (True, False)),
+CASES = (
+    *case_grid(
+        _case_name,
+        axis("tokens", (1, 7, 33)),
+        axis("d", (16, 128, 352)),
+        axis("contiguous", (True, False)),
+    ),
+    # An empty batch (0 tokens) reaches the layer too, e.g. an idle data-parallel rank.
+    *case_grid(_case_name, axis("tokens", (0,)), axis("d", (128,)), axis("contiguous", (True,))),
 )
 
 

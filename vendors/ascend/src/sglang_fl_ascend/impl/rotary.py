@@ -1,10 +1,17 @@
 """``rotary_embedding`` on ``torch_npu.npu_mrope``, as ``RotaryEmbedding.forward_npu`` calls it.
 
-``npu_mrope`` takes 2-D ``[num_tokens, heads * head_size]`` query/key and the layer's
-``cos_sin_cache`` (``[max_positions, rotary_dim]``, cos then sin; the concatenation of the
-``cos``/``sin`` halves the contract passes) and returns new tensors. The ``[tokens, heads,
-rotary_dim]`` views are flattened with ``head_size = rotary_dim``, so partial rotary works on
-the rotary part alone; with ``inplace`` the results are copied back into the views.
+``npu_mrope`` takes 2-D ``[num_tokens, heads * head_size]`` query/key and a ``cos_sin_cache``
+(``[max_positions, rotary_dim]``, cos then sin) and returns new tensors. The adapter passes the
+cache joined from the ``cos``/``sin`` halves it is given (the standard signature's arguments,
+not the layer's own ``cos_sin_cache``), and the ``[tokens, heads, rotary_dim]`` views flattened
+with ``head_size = rotary_dim``, so partial rotary works on the rotary part alone; with
+``inplace`` the results are copied back into the views.
+
+Constraints of the operator (torch_npu API doc of ``npu_mrope``) and how they are met:
+``head_size`` and ``rotary_dim`` multiples of 32 for float16/bfloat16 and of 16 for float32
+(otherwise ``Unsupported``, before anything is written), the cache in the query's dtype (the
+contract's ``cos``/``sin`` are), at least one token (an empty batch is
+returned without a call).
 """
 
 from __future__ import annotations
@@ -14,14 +21,17 @@ from typing import Any
 import torch
 
 from sglang_fl import Unsupported
+from sglang_fl.ops.rotary_embedding import joined_cos_sin_cache
 
-from ..ascend import TORCH_NPU
+from ..backend import TORCH_NPU
 
 # Plain (not multimodal) rope: no mrope sections.
 _NO_MROPE_SECTIONS = [0, 0, 0]
+# npu_mrope's alignment of head_size and rotary_dim, in elements, per dtype.
+_MROPE_ALIGNMENT = {torch.float16: 32, torch.bfloat16: 32, torch.float32: 16}
 
 
-def rotary_embedding_npu(
+def rotary_embedding(
     obj: Any,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -32,21 +42,22 @@ def rotary_embedding_npu(
     inplace: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``query``/``key`` ``[num_tokens, heads, rotary_dim]`` at ``position_ids``."""
-    cache = obj.cos_sin_cache
-    if cache.dtype != query.dtype or cache.device != query.device:
-        # SGLang keeps the NPU cache in the model dtype; a float32 cache (SGLANG_ROPE_CACHE_FP32)
-        # takes SGLang's own non-npu_mrope path, and here the next backend.
-        raise Unsupported(
-            f"npu_mrope reads cos_sin_cache in the query dtype {query.dtype}; the layer's is "
-            f"{cache.dtype} on {cache.device}"
-        )
-    torch_npu = TORCH_NPU.module or TORCH_NPU.load()
     rotary_dim = query.shape[-1]
+    alignment = _MROPE_ALIGNMENT.get(query.dtype)
+    if alignment is None or rotary_dim % alignment:
+        allowed = ", ".join(f"{n} for {d}" for d, n in _MROPE_ALIGNMENT.items())
+        raise Unsupported(
+            f"npu_mrope needs head_size and rotary_dim in multiples of {allowed}; got "
+            f"rotary_dim {rotary_dim} in {query.dtype}"
+        )
+    if position_ids.numel() == 0:
+        return (query, key) if inplace else (query.clone(), key.clone())
+    torch_npu = TORCH_NPU.require()
     q_out, k_out = torch_npu.npu_mrope(
         position_ids,
         query.reshape(query.shape[0], -1),
         key.reshape(key.shape[0], -1),
-        cache,
+        joined_cos_sin_cache(obj, cos, sin),
         rotary_dim,
         mrope_section=_NO_MROPE_SECTIONS,
         rotary_mode="interleave" if rotary_interleaved else "half",

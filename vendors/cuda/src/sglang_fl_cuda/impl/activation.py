@@ -1,4 +1,9 @@
-"""``silu_and_mul`` on ``sgl_kernel.silu_and_mul``, called as ``SiluAndMul.forward_cuda`` does."""
+"""``silu_and_mul`` on ``sgl_kernel.silu_and_mul``, called as ``SiluAndMul.forward_cuda`` does.
+
+Constraints of the kernel (``sglang-kernel`` 0.4.x) and how they are met: rows of a multiple
+of 16 bytes (otherwise ``Unsupported``), contiguous input (a strided ``x`` is packed first),
+at least one token (an empty batch returns its empty output without a launch).
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,9 @@ def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
             f"sgl_kernel.silu_and_mul needs rows of a multiple of {_ROW_ALIGNMENT_BYTES} bytes; "
             f"got {x.shape[-1]} x {x.dtype}"
         )
-    sgl_kernel = SGL_KERNEL.module or SGL_KERNEL.load()
-    if not x.is_contiguous():
-        x = x.contiguous()  # the kernel reads each token's 2*d values as one packed row
     out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-    sgl_kernel.silu_and_mul(x, out)
+    if x.numel() == 0:
+        return out  # the kernel launches one block per token: with none it would fail
+    # The kernel reads each token's 2*d values as one packed row.
+    SGL_KERNEL.require().silu_and_mul(x.contiguous(), out)
     return out

@@ -2,6 +2,12 @@
 
 With a residual the fused kernel writes both results in place (``residual += x``, then
 ``x = rms_norm(residual)``) and the adapter returns ``(x, residual)``: no allocation at all.
+
+Constraints of the kernels (``sglang-kernel`` 0.4.x) and how they are met: 2-D operands (else
+``Unsupported``), weight in the input's dtype (else ``Unsupported``), float16/bfloat16 for
+``rmsnorm`` (float32 without a residual is ``Unsupported``), contiguous input, residual and
+weight (strided ones are packed first), at least one row (an empty batch is returned as it is,
+as ``RMSNorm.forward_cuda`` does, without a launch).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ def rms_norm(
     obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[num_tokens, hidden]`` normalised with ``obj.weight``/``obj.variance_epsilon``."""
+    if x.numel() == 0:
+        return x if residual is None else (x, residual)
     weight = obj.weight.data
     if weight.dtype != x.dtype:
         # The kernels read the weight as x's element type: a mismatch would be read as garbage.
@@ -31,13 +39,12 @@ def rms_norm(
         raise Unsupported(f"sgl_kernel norms take [num_tokens, hidden], got {tuple(x.shape)}")
     if residual is None and x.dtype not in _RMSNORM_DTYPES:
         raise Unsupported(f"sgl_kernel.rmsnorm has no {x.dtype} kernel")
-    sgl_kernel = SGL_KERNEL.module or SGL_KERNEL.load()
-    if not x.is_contiguous():
-        x = x.contiguous()  # the kernels index rows as packed [hidden] vectors
+    sgl_kernel = SGL_KERNEL.require()
+    # The kernels index rows as packed [hidden] vectors.
+    x, weight = x.contiguous(), weight.contiguous()
     if residual is None:
         normed: torch.Tensor = sgl_kernel.rmsnorm(x, weight, obj.variance_epsilon)
         return normed
-    if not residual.is_contiguous():
-        residual = residual.contiguous()
+    residual = residual.contiguous()
     sgl_kernel.fused_add_rmsnorm(x, residual, weight, obj.variance_epsilon)
     return x, residual

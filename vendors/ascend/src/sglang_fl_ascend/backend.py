@@ -13,7 +13,7 @@ __all__ = ["TORCH_NPU", "AscendBackend"]
 
 def _count_npus() -> int:
     """NPUs visible to this process (ChipSdk calls it after importing torch_npu)."""
-    return int(TORCH_NPU.load().npu.device_count())
+    return int(TORCH_NPU.require().npu.device_count())
 
 
 def _no_npu_hint() -> str:
