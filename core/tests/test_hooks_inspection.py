@@ -162,3 +162,17 @@ def test_optional_implementation_of_an_unknown_hook_loads_and_is_listed(
     assert unmatched["file"] == str(plugin_site.root / f"{module}.py")
     assert unmatched["line"] == 4  # the decorator's line
     assert data["unregistered_plugins"] == []
+
+
+def test_seed_layout_plugin_is_located_at_its_own_register_builtins(
+    plugin_site, capsys, monkeypatch
+):
+    """Not at the loader's adapter that presents it to pluggy."""
+    module = plugin_site.plugin("p_seed", "\ndef register_builtins(registry):\n    pass\n")
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "p_seed")
+    assert cli.main(["hooks", "sglang_fl_register_ops", "--json"]) == 0
+    (register_ops,) = json.loads(capsys.readouterr().out)["hooks"]
+    seed = next(i for i in register_ops["implementations"] if i["plugin"] == "p_seed")
+    assert seed["function"] == f"{module}:register_builtins"
+    assert (seed["file"], seed["line"]) == (str(plugin_site.root / f"{module}.py"), 2)
+    assert seed["distribution"] == "sglang-fl-p_seed"
