@@ -108,10 +108,9 @@ def test_strict_false(raw):
     assert settings(strict=raw).strict is False
 
 
-@pytest.mark.parametrize("variable", ["strict", "trace"])
-def test_bool_invalid(variable):
-    message = config_error(**{variable: "maybe"})
-    assert f"SGLANG_FL_{variable.upper()}='maybe' is not a boolean" in message
+def test_bool_invalid():
+    message = config_error(strict="maybe")
+    assert "SGLANG_FL_STRICT='maybe' is not a boolean" in message
     assert "allowed: 1, 0, true, false, yes, no" in message
 
 
@@ -291,7 +290,7 @@ def test_invalid_file_value_names_file_key_value(tmp_path):
     [
         ("prefer = 3", "prefer=3: expected one of flagos, vendor, vendor:<name>, reference"),
         ("strict = 2", "strict=2 is not a boolean; allowed: 1, 0, true, false, yes, no"),
-        ("trace = [true]", "trace=[True] is not a boolean"),
+        ("trace = [true]", "trace=[True] is neither a boolean nor a file path"),
         ("dispatch_log = 5", "dispatch_log=5: expected a file path"),
         ("plugins = {a = 1}", "plugins={'a': 1}: expected a comma-separated list of names"),
         ("deny_vendors = ['ok', 'not ok']", "'not ok' is not a valid name"),

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import platform
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,13 @@ from . import __version__, scaffold
 from .config import Settings
 from .dispatch.resolve import CandidateOutcome
 from .errors import NoImplementationError, SglangFlError
+from .hook_report import (
+    HookReport,
+    ImplementationReport,
+    firstresult_disagreements,
+    hooks_report,
+    implementation_flags,
+)
 from .loader import ENTRY_POINT_GROUP, PluginStatus
 from .ops import STANDARD_OPS, get_contract
 from .runtime import Runtime
@@ -228,6 +236,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             runtime.resolve(op_name)
         except SglangFlError as exc:
             problems.append(f"op {op_name!r}: {exc}")
+    problems.extend(firstresult_disagreements(hooks_report(runtime)))
     payload: DoctorPayload = {
         "schema_version": SCHEMA_VERSION,
         "sglang_fl": {"version": __version__, "module": __file__},
@@ -266,6 +275,55 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if not problems else 1
 
 
+def cmd_hooks(args: argparse.Namespace) -> int:
+    report = hooks_report(_runtime(), args.hook)
+
+    def where(i: ImplementationReport) -> tuple[str, str, str]:
+        return (f"{i['distribution']} {i['version']}", i["function"], f"{i['file']}:{i['line']}")
+
+    def answer(hook: HookReport, plugin: str) -> str:
+        found = [a for a in hook["answers"] or () if a["plugin"] == plugin]
+        if not found:
+            return "-"
+        if found[0]["problem"] is not None:
+            return f"ignored: {found[0]['problem']}"
+        return repr(found[0]["answer"]) + (" (wins)" if plugin == hook["winner"] else "")
+
+    def text() -> str:
+        blocks = []
+        for hook in report["hooks"]:
+            kind = "  [firstresult]" if hook["firstresult"] else ""
+            head = f"{hook['name']}({', '.join(hook['arguments'])}){kind}\n  {hook['doc']}\n"
+            header = ["#", "plugin", "provenance", "function", "location", "flags"]
+            rows: list[list[object]] = []
+            for n, i in enumerate(hook["implementations"], 1):
+                rows.append([n, i["plugin"], *where(i), ",".join(implementation_flags(i))])
+                if hook["answers"] is not None:
+                    rows[-1].append(answer(hook, i["plugin"]))
+            header += ["answer"] if hook["answers"] is not None else []
+            table = format_table(rows, header) if rows else "(no implementation)"
+            blocks.append(head + textwrap.indent(table, "  "))
+        if report["unmatched"]:
+            rows = [
+                [u["hook"], u["plugin"], *where(u), ",".join(implementation_flags(u))]
+                for u in report["unmatched"]
+            ]
+            header = ["hook", "plugin", "provenance", "function", "location", "flags"]
+            table = format_table(rows, header)
+            blocks.append("implementations matching no hook specification\n" + table)
+        if report["unregistered_plugins"]:
+            rows = [
+                [p["name"], f"{p['distribution']} {p['version']}", p["status"], p["error"]]
+                for p in report["unregistered_plugins"]
+            ]
+            table = format_table(rows, ["plugin", "provenance", "status", "error"])
+            blocks.append("plugins that never registered (they implement nothing)\n" + table)
+        return "\n\n".join(blocks) + "\n\n(# = call order: pluggy calls 1 first)"
+
+    _emit(args, dict(report), text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-fl",
@@ -288,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain = command("explain", cmd_explain, "the decision trace of one op")
     explain.add_argument("op", help=f"one of: {', '.join(STANDARD_OPS)}")
     command("doctor", cmd_doctor, "environment, configuration and plugin problems")
+    hooks = command("hooks", cmd_hooks, "every hook, its implementations in call order, answers")
+    hooks.add_argument("hook", nargs="?", help="only this hook")
     scaffold.add_cli(sub)
     return parser
 

@@ -95,6 +95,22 @@ def _parse_bool(raw: Any, where: str) -> bool:
     raise ConfigError(f"{where}={raw!r} is not a boolean; allowed: 1, 0, true, false, yes, no")
 
 
+def _parse_trace(raw: Any, where: str) -> bool | Path:
+    """A boolean (stderr, or off) or a file path; a path must contain '/', so that a mistyped
+    boolean (``ture``) is an error rather than the name of a new file."""
+    if isinstance(raw, bool):
+        return raw
+    text = raw.strip() if isinstance(raw, str) else None
+    if text is not None and text.lower() in _TRUE | _FALSE:
+        return text.lower() in _TRUE
+    if text is not None and "/" in text:
+        return Path(text).expanduser()
+    raise ConfigError(
+        f"{where}={raw!r} is neither a boolean nor a file path; allowed: 1, 0, true, false, "
+        "yes, no, or a path containing '/' (e.g. ./trace.log)"
+    )
+
+
 def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, (list, tuple)):
@@ -209,7 +225,12 @@ SETTINGS: tuple[_Setting, ...] = (
         None,
         "append the SGLang dispatch report as JSON lines to this file",
     ),
-    _Setting("trace", _parse_bool, False, "print pluggy's hook-call trace to stderr"),
+    _Setting(
+        "trace",
+        _parse_trace,
+        False,
+        "pluggy's hook-call trace, each line with the pid: 1 = stderr, a path = append to file",
+    ),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -226,7 +247,7 @@ class Settings:
     plugins: tuple[str, ...] | None = None
     disable_plugins: tuple[str, ...] = ()
     dispatch_log: Path | None = None
-    trace: bool = False
+    trace: bool | Path = False
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 

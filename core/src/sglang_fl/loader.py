@@ -9,7 +9,6 @@ is recorded with its error and leaves nothing registered; the others load regard
 from __future__ import annotations
 
 import logging
-import sys
 import traceback
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, distributions, entry_points
@@ -26,6 +25,7 @@ from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
 from .schema import PluginJson, PluginSummary
+from .hook_trace import trace_hook_calls
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -101,9 +101,7 @@ class _SeedAdapter:
 def new_plugin_manager(settings: Settings) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    if settings.trace:
-        pm.trace.root.setwriter(sys.stderr.write)
-        pm.enable_tracing()
+    trace_hook_calls(pm, settings.trace)
     return pm
 
 
@@ -239,7 +237,14 @@ def _load_entry_point(
         if pm.is_registered(plugin):
             pm.unregister(plugin)
         return _failed(record, f"invalid hook implementation: {exc}")
-    unknown = [h.name for h in pm.get_hookcallers(plugin) or () if not h.has_spec()]
+    # pluggy's rule: an ``optionalhook=True`` implementation may match no specification (a
+    # hook of a newer sglang-fl); ``sglang-fl hooks`` lists it as unmatched.
+    unknown = [
+        h.name
+        for h in pm.get_hookcallers(plugin) or ()
+        if not h.has_spec()
+        and not all(i.optionalhook for i in h.get_hookimpls() if i.plugin is plugin)
+    ]
     if unknown:
         pm.unregister(plugin)
         known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("sglang_fl_")))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import pluggy
 
@@ -23,9 +24,18 @@ from .errors import PluginLoadError, SglangFlError
 from .loader import PluginRecord, call_plugin_hook, load_plugins, new_plugin_manager
 from .ops import STANDARD_OPS
 
-__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+__all__ = ["PlatformAnswer", "Runtime", "get_runtime", "reset_runtime"]
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlatformAnswer:
+    """One plugin's ``sglang_fl_platform()``: a class path or ``None``, or why it has none."""
+
+    plugin: str
+    path: str | None
+    problem: str | None = None
 
 
 class Runtime:
@@ -67,11 +77,27 @@ class Runtime:
         return results
 
     def platform(self) -> str | None:
-        """First non-``None`` ``sglang_fl_platform()`` result of the loaded plugins.
+        """The first class path among :meth:`platform_answers`, else ``None``.
 
-        Each plugin is asked alone, in pluggy's order, so one that raises or answers something
-        other than a class path is reported (and skipped, or raised under STRICT) instead of
-        taking SGLang's platform selection down with it.
+        A plugin that raised or answered something other than a class path is reported (and
+        skipped, or raised under STRICT) instead of taking SGLang's platform selection down.
+        """
+        for answer in self.platform_answers():
+            if answer.problem is None:
+                if answer.path is not None:
+                    return answer.path
+                continue
+            message = f"plugin {answer.plugin!r}: {answer.problem}"
+            if self.config.strict:
+                raise PluginLoadError(f"SGLANG_FL_STRICT=1: {message}")
+            _log.warning("%s; its platform answer is ignored", message)
+        return None
+
+    def platform_answers(self) -> Iterator[PlatformAnswer]:
+        """Each plugin's ``sglang_fl_platform()``, asked alone, lazily, in pluggy's call order.
+
+        Asked alone so that one plugin's failure is its own answer; lazily so that
+        :meth:`platform` asks no plugin after the first class path (``sglang-fl hooks`` asks all).
         """
         pm = self.plugin_manager
         for impl in reversed(pm.hook.sglang_fl_platform.get_hookimpls()):
@@ -80,16 +106,11 @@ class Runtime:
             except Exception as exc:
                 problem = f"sglang_fl_platform raised {type(exc).__name__}: {exc}"
             else:
-                if result is None:
+                if result is None or (isinstance(result, str) and result.strip()):
+                    yield PlatformAnswer(impl.plugin_name, result)
                     continue
-                if isinstance(result, str) and result.strip():
-                    return result
                 problem = f"sglang_fl_platform returned {result!r}, not a class path or None"
-            message = f"plugin {impl.plugin_name!r}: {problem}"
-            if self.config.strict:
-                raise PluginLoadError(f"SGLANG_FL_STRICT=1: {message}")
-            _log.warning("%s; its platform answer is ignored", message)
-        return None
+            yield PlatformAnswer(impl.plugin_name, None, problem)
 
     def plugin(self, name: str) -> PluginRecord:
         for record in self.plugins:
