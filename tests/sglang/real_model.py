@@ -111,7 +111,7 @@ def _convert(gguf: Path, out: Path, progress: Progress) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = torch.float32
+    config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config

@@ -75,6 +75,14 @@ def run_engine(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from sglang_processes import (
     STANDARD_LAYERS,
     clean_env,
     launch_server,
+    post_json,
     scheduler_layers,
 )
 from sglang_processes import run_engine as run_engine_process
@@ -140,14 +140,6 @@ def test_op_without_usable_implementation(strict: bool, tmp_path: Path) -> None:
 
 
 # --- HTTP server ---------------------------------------------------------------------------
-
-
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
 
 
 def test_http_server_completions_return_the_same_tokens(

@@ -4,12 +4,15 @@ Accuracy: in float32 SGLang's greedy answers are token for token transformers'; 
 they are token for token those of SGLang's own ``forward_native`` paths
 (``SGLANG_FORCE_FUSED_OP_BACKEND=torch``). Serving: SGLang's own ``launch_server`` answers the
 real ``openai`` client, plainly and streamed. Every run checks from the dispatch log that the
-scheduler process routed the standard layers through sglang-fl. One engine per configuration
-serves all questions: engine start-up dominates the cost on 2 cores.
+scheduler process routed the standard layers through sglang-fl. Engine start-up dominates the
+cost on 2 cores, so one engine per configuration serves all questions: a float32 server (token
+ids through SGLang's native ``/generate``, chat through the OpenAI API) and two bfloat16
+engines.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +20,10 @@ import pytest
 from real_model import chat_input_ids, end_of_turn_ids, hf_greedy_chat, until_end_of_turn
 from sglang_processes import (
     STANDARD_LAYERS,
+    Server,
     clean_env,
     launch_server,
+    post_json,
     run_engine,
     scheduler_layers,
 )
@@ -69,18 +74,33 @@ def transformers_answers(real_model: Path) -> list[list[int]]:
     return hf_greedy_chat(real_model, chat_input_ids(real_model, QUESTIONS), MAX_NEW_TOKENS)
 
 
+@pytest.fixture(scope="module")
+def float32_server(
+    real_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Path]]:
+    """SGLang's own server on the real model in float32, and its dispatch log."""
+    workdir = tmp_path_factory.mktemp("float32-server")
+    log = workdir / "dispatch.jsonl"
+    with launch_server(real_model, workdir, clean_env(SGLANG_FL_DISPATCH_LOG=str(log))) as server:
+        yield server, log
+
+
 def test_float32_answers_are_transformers_greedy_answers(
-    real_model: Path, transformers_answers: list[list[int]], stops: set[int], tmp_path: Path
+    real_model: Path,
+    transformers_answers: list[list[int]],
+    stops: set[int],
+    float32_server: tuple[Server, Path],
 ) -> None:
-    log = tmp_path / "dispatch.jsonl"
-    result = chat_engine(real_model, log, "float32")
-    assert result["input_ids"] == chat_input_ids(real_model, QUESTIONS)
-    got = [until_end_of_turn(ids, stops) for ids in result["output_ids"]]
+    server, log = float32_server
+    sampling = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}
+    body = {"input_ids": chat_input_ids(real_model, QUESTIONS), "sampling_params": sampling}
+    outputs = post_json(f"{server.base_url}/generate", body)
+    got = [until_end_of_turn(out["output_ids"], stops) for out in outputs]
     want = [until_end_of_turn(ids, stops) for ids in transformers_answers]
     assert all(want), f"transformers gave an empty answer: {transformers_answers}"
     assert got == want
-    assert "Paris" in result["texts"][0]
-    assert_scheduler_routed(log, result["pid"])
+    assert "Paris" in outputs[0]["text"]
+    assert_scheduler_routed(log, server.proc.pid)
 
 
 def test_bfloat16_answers_are_those_of_sglang_forward_native(
@@ -100,7 +120,10 @@ def test_bfloat16_answers_are_those_of_sglang_forward_native(
 
 
 def test_openai_client_chats_with_sglang_server(
-    real_model: Path, transformers_answers: list[list[int]], stops: set[int], tmp_path: Path
+    real_model: Path,
+    transformers_answers: list[list[int]],
+    stops: set[int],
+    float32_server: tuple[Server, Path],
 ) -> None:
     from openai import OpenAI
     from transformers import AutoTokenizer
@@ -108,25 +131,21 @@ def test_openai_client_chats_with_sglang_server(
     expected = AutoTokenizer.from_pretrained(real_model).decode(
         until_end_of_turn(transformers_answers[0], stops), skip_special_tokens=True
     )
-    log = tmp_path / "dispatch.jsonl"
-    env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log))
-    with launch_server(real_model, tmp_path, env) as server:
-        client = OpenAI(
-            base_url=f"{server.base_url}/v1", api_key="none", timeout=300, max_retries=0
-        )
-        request = {
-            "model": str(real_model),
-            "messages": [{"role": "user", "content": QUESTIONS[0]}],
-            "temperature": 0,
-            "max_tokens": MAX_NEW_TOKENS,
-        }
-        reply = client.chat.completions.create(**request)
-        answer = reply.choices[0].message.content
-        chunks = [
-            chunk.choices[0].delta.content
-            for chunk in client.chat.completions.create(**request, stream=True)
-            if chunk.choices and chunk.choices[0].delta.content
-        ]
+    server, log = float32_server
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=300, max_retries=0)
+    request: dict[str, Any] = {
+        "model": "default",  # SGLang serves one model whatever the name
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "temperature": 0,
+        "max_tokens": MAX_NEW_TOKENS,
+    }
+    reply = client.chat.completions.create(**request)
+    answer = reply.choices[0].message.content
+    chunks = [
+        chunk.choices[0].delta.content
+        for chunk in client.chat.completions.create(**request, stream=True)
+        if chunk.choices and chunk.choices[0].delta.content
+    ]
     assert answer is not None
     assert "Paris" in answer
     assert answer.strip() == expected.strip(), "the server answers what transformers answers"
