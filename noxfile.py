@@ -8,6 +8,7 @@ environment, from built wheels, never from the source tree.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import shutil
@@ -144,9 +145,18 @@ def install_sglang(session: nox.Session) -> None:
     session.install(*sections["runtime"])
 
 
+REAL_MODEL_REQUIREMENTS = ROOT / "requirements" / "real-model.txt"
+
+
+def install_real_model_deps(session: nox.Session) -> None:
+    """What preparing and serving the real model needs beside SGLang (see real_model.py)."""
+    session.install("-r", str(REAL_MODEL_REQUIREMENTS))
+
+
 def install_sglang_and_core(session: nox.Session) -> Path:
-    """SGLang (see :func:`install_sglang`) and this checkout's core wheel; returns the wheel."""
+    """SGLang with the real model's needs and this checkout's core wheel; returns the wheel."""
     install_sglang(session)
+    install_real_model_deps(session)
     core = build(session, "core")["core"]
     # --force-reinstall: a reused demo venv must run this checkout's core, not an older wheel.
     session.install("--force-reinstall", "--no-deps", str(core))
@@ -211,11 +221,14 @@ def vendor(session: nox.Session, name: str) -> None:
 @nox.session
 @releases_venv
 def cross(session: nox.Session) -> None:
-    """Cross-distribution tests: throwaway vendor wheels built and installed by the tests."""
+    """Cross-distribution tests: throwaway vendor wheels, the README's Install commands."""
     install_torch_cpu(session)
+    # The README's Install commands run in a fresh venv of their own in pytest's temporary dir.
+    require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The Install test's venv")
     built = build(session, "core")
     session.install(str(built["core"]), "pytest", "build", "setuptools>=77")
-    session.run("pytest", "tests/cross", *session.posargs)
+    env = {"INSTALL_TEST_TORCH": TORCH_CPU}
+    session.run("pytest", "tests/cross", *session.posargs, env=env)
 
 
 @nox.session
@@ -234,25 +247,38 @@ def kit(session: nox.Session) -> None:
     session.run("pytest", "tests/kit", *session.posargs, env=env)
 
 
+def requested_bench_parts(posargs: list[str]) -> set[str] | None:
+    """The parts named by ``--only`` in the bench arguments; ``None`` when all are run."""
+    parts = {value for flag, value in itertools.pairwise(posargs) if flag == "--only"}
+    parts |= {arg.split("=", 1)[1] for arg in posargs if arg.startswith("--only=")}
+    return parts or None
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (not part of the test command): per-call overhead, start-up, reference speed.
+    """Benchmarks (not part of the test command): per-call overhead, start-up, reference speed,
+    end-to-end decode throughput on a real model.
 
-    Two environments: this session's (SGLang, every sglang-fl wheel, matplotlib) and a small
-    one for the start-up measurements (CPU torch and the wheels). Writes
-    benchmarks/results/latest.{json,md} and startup.png and prints the tables;
-    ``-- --update-readme`` also refreshes the README's table, ``-- --quick`` is a shorter run.
+    Two environments: this session's (SGLang, every sglang-fl wheel, the real model's needs,
+    matplotlib) and a small one for the start-up measurements (CPU torch and the wheels), built
+    only when that part runs. Writes benchmarks/results/latest.{json,md}, startup.png and
+    e2e.{json,md} and prints the tables; ``-- --update-readme`` also refreshes the README's
+    tables, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
     """
     install_sglang(session)
+    install_real_model_deps(session)
     session.install("matplotlib")
     wheels = [str(wheel) for wheel in build(session, *distribution_dirs()).values()]
     session.install(*wheels)
-    startup_venv = Path(session.create_tmp()) / "startup-venv"
-    session.run("python", "-m", "venv", "--clear", str(startup_venv))
-    startup_python = str(startup_venv / "bin" / "python")
-    pip_install = [startup_python, "-m", "pip", "install", "--quiet"]
-    session.run(*pip_install, TORCH_CPU, "numpy", *wheels, external=True)
-    run = ["python", "benchmarks/run.py", "--startup-python", startup_python]
+    run = ["python", "benchmarks/run.py"]
+    parts = requested_bench_parts(session.posargs)
+    if parts is None or "startup" in parts:
+        startup_venv = Path(session.create_tmp()) / "startup-venv"
+        session.run("python", "-m", "venv", "--clear", str(startup_venv))
+        startup_python = str(startup_venv / "bin" / "python")
+        pip_install = [startup_python, "-m", "pip", "install", "--quiet"]
+        session.run(*pip_install, TORCH_CPU, "numpy", *wheels, external=True)
+        run += ["--startup-python", startup_python]
     session.run(*run, *session.posargs)
 
 
@@ -267,6 +293,6 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: a tiny model built offline, SGLang generating on the CPU, the report."""
+    """The main job: a real chat model answering on the CPU through sglang-fl, then the report."""
     install_sglang_and_core(session)
     session.run("python", "scripts/demo.py", *session.posargs)

@@ -11,6 +11,8 @@ REFERENCE_TARGET = 1.05  # reference kernel vs SGLang's forward_native
 
 README_START = "<!-- bench:start -->"
 README_END = "<!-- bench:end -->"
+README_E2E_START = "<!-- bench-e2e:start -->"
+README_E2E_END = "<!-- bench-e2e:end -->"
 
 
 def _ns(value: float) -> str:
@@ -268,11 +270,39 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def update_readme(readme: Path, text: str) -> bool:
-    """Replace what lies between the bench markers in the README; False if they are missing."""
+def e2e_markdown(result: dict[str, Any]) -> str:
+    """The end-to-end throughput table: both variants, their spread, the ratio and its target."""
+    e = result["e2e"]
+    fl, native = e["tokens_per_s"]["sglang-fl"], e["tokens_per_s"]["forward_native"]
+    paired = e["paired_ratios"]
+    verdict = "met" if e["met"] else "**missed**"
+    return (
+        f"Measured {result['date']} on {result['machine']['cpus']} CPUs "
+        f"(load average {result['machine']['load_average'][0]:.1f} at the start), "
+        f"torch {e['torch_threads']} threads; commit {result.get('commit') or 'unknown'}. "
+        f"Command: `{result['command']}`. {e['model']} in {e['dtype']}, a batch of "
+        f"{e['batch']} chat prompts ({min(e['prompt_tokens'])}-{max(e['prompt_tokens'])} "
+        f"tokens), {e['new_tokens']} new tokens each, {e['repetitions']} alternating "
+        "repetitions after one warm-up batch per engine.\n\n"
+        "| engine | decode tokens/s (median) | min | max |\n"
+        "| --- | ---: | ---: | ---: |\n"
+        f"| sglang-fl routing ({', '.join(e['routed_ops']['sglang-fl'])}) | "
+        f"{fl['median']:.1f} | {fl['min']:.1f} | {fl['max']:.1f} |\n"
+        "| SGLang `forward_native` (`SGLANG_FORCE_FUSED_OP_BACKEND=torch`) | "
+        f"{native['median']:.1f} | {native['min']:.1f} | {native['max']:.1f} |\n\n"
+        f"Ratio of medians (sglang-fl / forward_native): **{e['ratio']:.3f}**, target ≥ "
+        f"{e['target']:.2f}: {verdict}. Per-repetition ratios: median {paired['median']:.3f}, "
+        f"range {paired['min']:.3f}-{paired['max']:.3f}.\n"
+    )
+
+
+def update_readme(
+    readme: Path, text: str, start_marker: str = README_START, end_marker: str = README_END
+) -> bool:
+    """Replace what lies between two markers in the README; False if they are missing."""
     content = readme.read_text()
-    start, end = content.find(README_START), content.find(README_END)
+    start, end = content.find(start_marker), content.find(end_marker)
     if start < 0 or end < start:
         return False
-    readme.write_text(content[: start + len(README_START)] + "\n" + text + content[end:])
+    readme.write_text(content[: start + len(start_marker)] + "\n" + text + content[end:])
     return True

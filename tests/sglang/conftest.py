@@ -2,7 +2,9 @@
 
 These tests run in a venv holding SGLang 0.5.23 and the installed sglang-fl wheel (nox session
 ``sglang``). The in-process layer tests load plugins the way SGLang does
-(``sglang.srt.plugins.load_plugins()``); the engine tests start SGLang in subprocesses.
+(``sglang.srt.plugins.load_plugins()``); the engine tests start SGLang in subprocesses. Most
+tests use tiny random models (fast, and exact comparisons have clear margins); the real-model
+tests use SmolLM2-135M-Instruct, prepared once into the model cache (``real_model.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_model import prepare
 from tiny_models import build_tiny_model
 
 HERE = Path(__file__).parent
@@ -58,3 +61,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny Llama and Qwen2 checkpoints, built offline once per test session."""
     root = tmp_path_factory.mktemp("models")
     return {arch: build_tiny_model(root / arch, arch) for arch in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as a float32 checkpoint: fetched and converted on first use."""
+    return prepare()

@@ -1,50 +1,82 @@
 """Greedy generation with ``sglang.Engine`` on the CPU, in a process of its own.
 
-``python engine_run.py MODEL_DIR MAX_NEW_TOKENS PROMPT...`` prints one JSON line
-``{"pid": ..., "output_ids": [[...], ...], "texts": [...]}`` last. The tests and the demo run
-it as a subprocess so that each engine gets its own environment (``SGLANG_*`` and
-``SGLANG_FL_*`` variables) and its own spawned scheduler and detokenizer processes.
+``python engine_run.py MODEL_DIR MAX_NEW_TOKENS PROMPT... [--dtype bfloat16] [--chat]`` prints
+one JSON line ``{"pid": ..., "output_ids": [[...], ...], "texts": [...]}`` last. With
+``--chat`` each prompt is a user question sent through the model's chat template (as token
+ids, which the result repeats as ``input_ids``). The tests and the demo run it as a subprocess
+so that each engine gets its own environment (``SGLANG_*`` and ``SGLANG_FL_*`` variables) and
+its own spawned scheduler and detokenizer processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+from typing import Any
 
-# SGLang's default KV cache would reserve ~15 GB; a tiny model needs a few thousand tokens.
+# SGLang's default KV cache would reserve ~15 GB; these models need a few thousand tokens.
 MAX_TOTAL_TOKENS = 4096
+DTYPES = ("float32", "bfloat16")
 
 
-def generate(model_dir: str, prompts: list[str], max_new_tokens: int) -> dict[str, object]:
-    """Start an engine on the CPU, generate greedily, shut it down."""
+def start_engine(model_dir: str, dtype: str = "float32", **server_args: Any) -> Any:
+    """An ``sglang.Engine`` on the CPU with a small KV cache and quiet logs."""
     import sglang
 
-    engine = sglang.Engine(
+    return sglang.Engine(
         model_path=model_dir,
         device="cpu",
         max_total_tokens=MAX_TOTAL_TOKENS,
         # SGLang's "auto" runs float32 checkpoints in float16; compare like with like.
-        dtype="float32",
+        dtype=dtype,
         log_level=os.environ.get("ENGINE_LOG_LEVEL", "warning"),
+        **server_args,
     )
+
+
+def generate(
+    model_dir: str,
+    prompts: list[str],
+    max_new_tokens: int,
+    dtype: str = "float32",
+    chat: bool = False,
+) -> dict[str, Any]:
+    """Start an engine on the CPU, generate greedily, shut it down."""
+    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    input_ids = None
+    if chat:
+        from real_model import chat_input_ids
+
+        input_ids = chat_input_ids(model_dir, prompts)
+    engine = start_engine(model_dir, dtype)
     try:
-        outputs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": max_new_tokens})
+        if input_ids is None:
+            outputs = engine.generate(prompts, sampling)
+        else:
+            outputs = engine.generate(input_ids=input_ids, sampling_params=sampling)
     finally:
         engine.shutdown()
-    return {
+    result: dict[str, Any] = {
         "pid": os.getpid(),
         "output_ids": [out["output_ids"] for out in outputs],
         "texts": [out["text"] for out in outputs],
     }
+    if input_ids is not None:
+        result["input_ids"] = input_ids
+    return result
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    model_dir, max_new_tokens, *prompts = argv
-    result = generate(model_dir, prompts, int(max_new_tokens))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("max_new_tokens", type=int)
+    parser.add_argument("prompts", nargs="+")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--chat", action="store_true", help="prompts are chat questions")
+    args = parser.parse_args(argv)
+    result = generate(args.model_dir, args.prompts, args.max_new_tokens, args.dtype, args.chat)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -10,70 +10,36 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sglang_processes import (
+    STANDARD_LAYERS,
+    clean_env,
+    launch_server,
+    post_json,
+    scheduler_layers,
+)
+from sglang_processes import run_engine as run_engine_process
 from tiny_models import hf_greedy
 
 from sglang_fl.integrations.sglang.report import read_log
 
 pytest.importorskip("sglang")
 
-HERE = Path(__file__).parent
 PROMPTS = ["def main():", "import os\nimport sys\n", "class Config:"]
 MAX_NEW_TOKENS = 12
-STANDARD_LAYERS = {
-    "silu_and_mul": "sglang.srt.layers.activation.SiluAndMul",
-    "rms_norm": "sglang.srt.layers.layernorm.RMSNorm",
-    "rotary_embedding": "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
-}
-ENGINE_TIMEOUT_S = 600
-
-
-def clean_env(**overrides: str) -> dict[str, str]:
-    """This process's environment without SGLang/sglang-fl switches, plus ``overrides``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SGLANG_FL_", "SGLANG_FORCE", "SGLANG_PLUGINS", "SGLANG_PLATFORM"))
-    }
-    env.update(overrides)
-    return env
 
 
 def run_engine(model: Path, log: Path, **env: str) -> dict[str, Any]:
-    """Generate greedily with an SGLang Engine in a subprocess; returns its JSON result."""
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_run.py"), str(model), str(MAX_NEW_TOKENS), *PROMPTS],
-        env=clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env),
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
+    """Greedy ``PROMPTS`` from an engine subprocess that logs its dispatch to ``log``."""
+    return run_engine_process(
+        model, MAX_NEW_TOKENS, PROMPTS, clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env)
     )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"engine failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def scheduler_layers(rows: list[dict[str, Any]], main_pid: int) -> dict[str, dict[str, Any]]:
-    """Layer class -> its ``layer`` record, from the scheduler process(es) only."""
-    schedulers = {
-        r["pid"]
-        for r in rows
-        if r["pid"] != main_pid and str(r.get("proctitle") or "").startswith("sglang::scheduler")
-    }
-    assert schedulers, f"no record from an SGLang scheduler process in {rows}"
-    return {r["layer"]: r for r in rows if r["event"] == "layer" and r["pid"] in schedulers}
 
 
 @pytest.fixture(scope="module")
@@ -176,85 +142,25 @@ def test_op_without_usable_implementation(strict: bool, tmp_path: Path) -> None:
 # --- HTTP server ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"the server did not become healthy within {deadline_s:.0f}s")
-
-
 def test_http_server_completions_return_the_same_tokens(
     models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
 ) -> None:
-    port = free_port()
     log = tmp_path / "dispatch.jsonl"
-    server_log = tmp_path / "server.log"
-    command = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(models["llama"]),
-        "--device", "cpu",
-        "--dtype", "float32",
-        "--max-total-tokens", "4096",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    with server_log.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            env=clean_env(SGLANG_FL_DISPATCH_LOG=str(log)),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            try:
-                wait_healthy(f"{base}/health", proc, deadline_s=ENGINE_TIMEOUT_S)
-            except AssertionError as exc:
-                pytest.fail(f"{exc}\n{server_log.read_text()[-6000:]}")
-            for prompt, want in zip(PROMPTS, expected["llama"], strict=True):
-                reply = post_json(
-                    f"{base}/v1/completions",
-                    {
-                        "model": str(models["llama"]),
-                        "prompt": prompt,
-                        "max_tokens": MAX_NEW_TOKENS,
-                        "temperature": 0,
-                        "return_token_ids": True,
-                    },
-                )
-                assert reply["choices"][0]["token_ids"] == want
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-    layers = scheduler_layers(read_log(log), main_pid=proc.pid)
+    env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log))
+    with launch_server(models["llama"], tmp_path, env) as server:
+        for prompt, want in zip(PROMPTS, expected["llama"], strict=True):
+            reply = post_json(
+                f"{server.base_url}/v1/completions",
+                {
+                    "model": str(models["llama"]),
+                    "prompt": prompt,
+                    "max_tokens": MAX_NEW_TOKENS,
+                    "temperature": 0,
+                    "return_token_ids": True,
+                },
+            )
+            assert reply["choices"][0]["token_ids"] == want
+    layers = scheduler_layers(read_log(log), main_pid=server.proc.pid)
     assert {layers[name]["runner"] for name in STANDARD_LAYERS.values()} == {"sglang-fl"}
 
 

@@ -1,0 +1,157 @@
+"""SGLang in processes of its own, for the end-to-end tests: environments, servers, their logs.
+
+Every SGLang run gets a clean environment (no inherited ``SGLANG_FL_*`` or SGLang switches) and
+a hard timeout; servers run in their own process group so that stopping one stops its
+scheduler and detokenizer too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+# Start-up of an engine or server on 2 busy cores, the model loaded included.
+ENGINE_TIMEOUT_S = 600
+STANDARD_LAYERS = {
+    "silu_and_mul": "sglang.srt.layers.activation.SiluAndMul",
+    "rms_norm": "sglang.srt.layers.layernorm.RMSNorm",
+    "rotary_embedding": "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding",
+}
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """This process's environment without SGLang/sglang-fl switches, plus ``overrides``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SGLANG_FL_", "SGLANG_FORCE", "SGLANG_PLUGINS", "SGLANG_PLATFORM"))
+    }
+    env.update(overrides)
+    return env
+
+
+def scheduler_layers(rows: list[dict[str, Any]], main_pid: int) -> dict[str, dict[str, Any]]:
+    """Layer class -> its ``layer`` record, from the scheduler process(es) only."""
+    schedulers = {
+        r["pid"]
+        for r in rows
+        if r["pid"] != main_pid and str(r.get("proctitle") or "").startswith("sglang::scheduler")
+    }
+    assert schedulers, f"no record from an SGLang scheduler process in {rows}"
+    return {r["layer"]: r for r in rows if r["event"] == "layer" and r["pid"] in schedulers}
+
+
+def run_engine(
+    model: Path, max_new_tokens: int, prompts: list[str], env: dict[str, str], *options: str
+) -> dict[str, Any]:
+    """Generate greedily with ``engine_run.py`` in a subprocess; returns its JSON result.
+
+    ``env`` is the engine's whole environment (see :func:`clean_env`), ``options`` go to
+    ``engine_run.py`` (``--dtype``, ``--chat``).
+    """
+    command = [sys.executable, str(HERE / "engine_run.py"), str(model), str(max_new_tokens)]
+    proc = subprocess.run(
+        [*command, *prompts, *options],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"engine failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"the server did not become healthy within {deadline_s:.0f}s")
+
+
+class Server:
+    """A running ``sglang.launch_server``: its base URL, process and combined output file."""
+
+    def __init__(self, base_url: str, proc: subprocess.Popen[bytes], output: Path) -> None:
+        self.base_url = base_url
+        self.proc = proc
+        self.output = output
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.output.read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def launch_server(
+    model: Path, workdir: Path, env: dict[str, str], dtype: str = "float32"
+) -> Iterator[Server]:
+    """SGLang's own server on the CPU (``python -m sglang.launch_server``), healthy, then stopped.
+
+    ``env`` is the server's whole environment (see :func:`clean_env`); its output goes to
+    ``workdir/server.log``.
+    """
+    port = free_port()
+    output = workdir / "server.log"
+    command = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model),
+        "--device", "cpu",
+        "--dtype", dtype,
+        "--max-total-tokens", "4096",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    with output.open("wb") as out:
+        proc = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        server = Server(f"http://127.0.0.1:{port}", proc, output)
+        try:
+            try:
+                wait_healthy(f"{server.base_url}/health", proc, deadline_s=ENGINE_TIMEOUT_S)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{server.tail()}") from None
+            yield server
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
