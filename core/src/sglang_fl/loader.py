@@ -24,8 +24,8 @@ from .config import Settings
 from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
-from .schema import PluginJson, PluginSummary
 from .hook_trace import trace_hook_calls
+from .schema import PluginJson, PluginSummary
 
 __all__ = [
     "ENTRY_POINT_GROUP",
