@@ -240,6 +240,8 @@ def _implementation(
 def _code_of(impl: pluggy.HookImpl) -> Callable[..., object]:
     """The function whose code runs: a seed-layout plugin's own ``register_builtins``, not
     the loader's adapter around it; the innermost of any ``functools.wraps`` decorators."""
+    function: Callable[..., object] = impl.function
     if isinstance(impl.plugin, _SeedAdapter):
-        return inspect.unwrap(impl.plugin.module.register_builtins)
-    return inspect.unwrap(impl.function)
+        function = impl.plugin.module.register_builtins
+    unwrapped: Callable[..., object] = inspect.unwrap(function)
+    return unwrapped
