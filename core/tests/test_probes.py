@@ -150,6 +150,7 @@ def test_require_without_probe_imports_once(fake_sdk: types.ModuleType) -> None:
     probe = sdk(count_devices=Counter(0))
     assert probe.require() is fake_sdk
     assert probe.require() is fake_sdk
+    assert probe.load() is fake_sdk  # the earlier name, kept for vendors written against it
     assert probe.module is fake_sdk
 
 

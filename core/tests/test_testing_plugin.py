@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_fl.ops import STANDARD_OPS
 from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, plan
 
 pytest_plugins = ["pytester"]
+
+SILU_CASES = STANDARD_OPS["silu_and_mul"].cases
+RMS_NORM_CASES = STANDARD_OPS["rms_norm"].cases
+DTYPES = 3
 
 # A vendor with two pure-PyTorch kernels; rms_norm declines everything but float32.
 ACME = """
@@ -213,9 +218,12 @@ def test_conformance_tests_in_a_vendor_suite(vendors, pytester: pytest.Pytester)
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
-    # plugin + 2 signatures + silu 18 cases x 3 dtypes + rms_norm 36 float32 cases;
-    # rms_norm declines 36 x 2 half-precision cases.
-    result.assert_outcomes(passed=1 + 2 + 54 + 36, skipped=72)
+    # plugin + 2 signatures + every silu case x 3 dtypes + every rms_norm float32 case;
+    # rms_norm declines its half-precision cases.
+    result.assert_outcomes(
+        passed=1 + 2 + len(SILU_CASES) * DTYPES + len(RMS_NORM_CASES),
+        skipped=len(RMS_NORM_CASES) * 2,
+    )
     result.stdout.fnmatch_lines(["*declined with Unsupported: acme: no torch.float16 kernel*"])
 
 
@@ -230,7 +238,7 @@ def test_selector_option_narrows_to_one_op(vendors, pytester: pytest.Pytester) -
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--sglang-fl-conformance=acme:silu_and_mul", "-v"
     )
-    result.assert_outcomes(passed=1 + 1 + 54)
+    result.assert_outcomes(passed=1 + 1 + len(SILU_CASES) * DTYPES)
     result.stdout.fnmatch_lines(["*test_conformance?acme/silu_and_mul/bfloat16/tokens=33*PASSED*"])
 
 
@@ -292,7 +300,9 @@ def test_failure_report_names_vendor_op_case_dtype_and_error(
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=54)
+    # Every case fails but the empty batch, which has no value to get wrong.
+    empty = sum(case.params["tokens"] == 0 for case in SILU_CASES)
+    result.assert_outcomes(passed=2 + empty * DTYPES, failed=(len(SILU_CASES) - empty) * DTYPES)
     result.stdout.fnmatch_lines(
         [
             "*vendor 'acme' (sglang-fl-acme 1.0), op 'silu_and_mul', impl 'vendor.acme', "

@@ -153,7 +153,7 @@ runtime = get_runtime()
 decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
 x = torch.randn(2, 32, dtype=torch.float16)
 out = runtime.resolve("silu_and_mul").fn(None, x)
-print(json.dumps({"decisions": decisions, "calls": [name for name, _ in double.calls],
+print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
