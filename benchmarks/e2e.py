@@ -182,11 +182,4 @@ def run(
         "target": TARGET_RATIO,
         "met": ratio >= TARGET_RATIO,
         "routed_ops": routed,
-        "torch_threads": _torch_threads(),
     }
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()

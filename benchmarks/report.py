@@ -278,8 +278,9 @@ def e2e_markdown(result: dict[str, Any]) -> str:
     verdict = "met" if e["met"] else "**missed**"
     return (
         f"Measured {result['date']} on {result['machine']['cpus']} CPUs "
-        f"(load average {result['machine']['load_average'][0]:.1f} at the start), "
-        f"torch {e['torch_threads']} threads; commit {result.get('commit') or 'unknown'}. "
+        f"(load average {result['machine']['load_average'][0]:.1f} at the start, "
+        f"{result['load_average_end'][0]:.1f} at the end: a shared machine); "
+        f"commit {result.get('commit') or 'unknown'}. "
         f"Command: `{result['command']}`. {e['model']} in {e['dtype']}, a batch of "
         f"{e['batch']} chat prompts ({min(e['prompt_tokens'])}-{max(e['prompt_tokens'])} "
         f"tokens), {e['new_tokens']} new tokens each, {e['repetitions']} alternating "

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": _machine(),
             "e2e": e2e.run(repetitions=3 if args.quick else 5),
         }
+        result["load_average_end"] = list(os.getloadavg())
         result["duration_s"] = round(time.perf_counter() - began, 1)
         text = report.e2e_markdown(result)
         _write(args.out, "e2e", result, text)

@@ -74,11 +74,31 @@ def transformers_answers(real_model: Path) -> list[list[int]]:
     return hf_greedy_chat(real_model, chat_input_ids(real_model, QUESTIONS), MAX_NEW_TOKENS)
 
 
+def test_bfloat16_answers_are_those_of_sglang_forward_native(
+    real_model: Path, stops: set[int], tmp_path: Path
+) -> None:
+    routed_log, native_log = tmp_path / "routed.jsonl", tmp_path / "native.jsonl"
+    routed = chat_engine(real_model, routed_log, "bfloat16")
+    native = chat_engine(real_model, native_log, "bfloat16", SGLANG_FORCE_FUSED_OP_BACKEND="torch")
+    assert all(until_end_of_turn(ids, stops) for ids in routed["output_ids"])
+    assert routed["output_ids"] == native["output_ids"]
+    assert_scheduler_routed(routed_log, routed["pid"])
+    native_rows = read_log(native_log)
+    assert [r for r in native_rows if r["event"] == "plugin"], "the plugin still loads"
+    assert not [r for r in native_rows if r["event"] == "layer" and r["runner"] == "sglang-fl"], (
+        "SGLang's forced backend wins over sglang-fl's route"
+    )
+
+
 @pytest.fixture(scope="module")
 def float32_server(
     real_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Server, Path]]:
-    """SGLang's own server on the real model in float32, and its dispatch log."""
+    """SGLang's own server on the real model in float32, and its dispatch log.
+
+    The tests using it come last in this module: an idle SGLang scheduler polls, and it would
+    take CPU from the bfloat16 engines while it stays up until the module ends.
+    """
     workdir = tmp_path_factory.mktemp("float32-server")
     log = workdir / "dispatch.jsonl"
     with launch_server(real_model, workdir, clean_env(SGLANG_FL_DISPATCH_LOG=str(log))) as server:
@@ -101,22 +121,6 @@ def test_float32_answers_are_transformers_greedy_answers(
     assert got == want
     assert "Paris" in outputs[0]["text"]
     assert_scheduler_routed(log, server.proc.pid)
-
-
-def test_bfloat16_answers_are_those_of_sglang_forward_native(
-    real_model: Path, stops: set[int], tmp_path: Path
-) -> None:
-    routed_log, native_log = tmp_path / "routed.jsonl", tmp_path / "native.jsonl"
-    routed = chat_engine(real_model, routed_log, "bfloat16")
-    native = chat_engine(real_model, native_log, "bfloat16", SGLANG_FORCE_FUSED_OP_BACKEND="torch")
-    assert all(until_end_of_turn(ids, stops) for ids in routed["output_ids"])
-    assert routed["output_ids"] == native["output_ids"]
-    assert_scheduler_routed(routed_log, routed["pid"])
-    native_rows = read_log(native_log)
-    assert [r for r in native_rows if r["event"] == "plugin"], "the plugin still loads"
-    assert not [r for r in native_rows if r["event"] == "layer" and r["runner"] == "sglang-fl"], (
-        "SGLang's forced backend wins over sglang-fl's route"
-    )
 
 
 def test_openai_client_chats_with_sglang_server(
