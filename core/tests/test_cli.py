@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from sglang_fl import __version__, cli
+from sglang_fl.ops import STANDARD_OPS
 
-OPS = ["silu_and_mul", "rms_norm", "rotary_embedding"]
+OPS = list(STANDARD_OPS)
 PLUGIN_KEYS = {"name", "module", "distribution", "version", "status", "hooks", "error", "builtin"}
 CANDIDATE_KEYS = {
     "impl_id",

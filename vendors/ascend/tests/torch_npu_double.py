@@ -3,10 +3,12 @@
 Not the real SDK (which must never be installed here: without CANN it breaks ``import torch``).
 It stands in for ``torch_npu`` in ``sys.modules`` with the operators SGLang's ``forward_npu``
 methods call, their argument order and return tuples (torch_npu / CANN operator docs):
-``npu_swiglu``, ``npu_rms_norm`` -> ``(y, rstd)``, ``npu_add_rms_norm`` -> ``(y, rstd, x1 + x2)``,
-``npu_mrope`` -> ``(query, key)``, and ``npu.device_count()``. Every operator returns new
-tensors and never writes its inputs. Preconditions become ``AssertionError``. Each call is
-recorded in :attr:`TorchNpuDouble.calls`.
+``npu_swiglu``, ``npu_geglu`` -> ``(y, gelu)``, ``npu_gelu``, ``npu_fast_gelu``,
+``npu_rms_norm`` -> ``(y, rstd)``, ``npu_add_rms_norm`` -> ``(y, rstd, x1 + x2)``,
+``npu_mrope`` -> ``(query, key)`` (plain rope with ``[tokens]`` positions, mrope sections with
+``[3, tokens]``), and ``npu.device_count()``. Every operator returns new tensors and never
+writes its inputs. Preconditions become ``AssertionError``. Each call is recorded in
+:attr:`TorchNpuDouble.calls`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,42 @@ class TorchNpuDouble(types.ModuleType):
         assert input.dtype in FLOATS
         a, b = input.chunk(2, dim=dim)
         return (F.silu(a.float()) * b.float()).to(input.dtype)
+
+    def npu_geglu(
+        self, input: torch.Tensor, dim: int = -1, approximate: int = 1, activate_left: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gelu(a) * b, gelu(a))`` for halves ``a, b`` of ``dim`` (``activate_left=False``
+        gates the right half); ``approximate`` 0 is erf, 1 tanh (torch_npu.npu_geglu docs)."""
+        self.calls.append(
+            (
+                "npu_geglu",
+                (input,),
+                {"dim": dim, "approximate": approximate, "activate_left": activate_left},
+            )
+        )
+        assert input.dtype in FLOATS
+        assert approximate in (0, 1), "approximate: 0 (erf) or 1 (tanh)"
+        assert input.shape[dim] % 2 == 0, "the split dim must be even"
+        left, right = input.chunk(2, dim=dim)
+        gate, value = (left, right) if activate_left else (right, left)
+        gelu = F.gelu(gate.float(), approximate="tanh" if approximate else "none")
+        return (gelu * value.float()).to(input.dtype), gelu.to(input.dtype)
+
+    def npu_gelu(self, input: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+        self.calls.append(("npu_gelu", (input,), {"approximate": approximate}))
+        assert input.dtype in FLOATS
+        assert approximate in ("none", "tanh"), "torch_npu.npu_gelu: 'none' or 'tanh'"
+        assert input.dim() <= 8, "torch_npu.npu_gelu: at most 8 dimensions"
+        return F.gelu(input.float(), approximate=approximate).to(input.dtype)
+
+    def npu_fast_gelu(self, input: torch.Tensor) -> torch.Tensor:
+        """``x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|))`` (torch_npu.npu_fast_gelu docs)."""
+        self.calls.append(("npu_fast_gelu", (input,), {}))
+        assert input.dtype in FLOATS
+        x = input.float()
+        return (x / (1 + torch.exp(-1.702 * x.abs())) * torch.exp(0.851 * (x - x.abs()))).to(
+            input.dtype
+        )
 
     def npu_rms_norm(
         self, input: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
@@ -71,9 +109,7 @@ class TorchNpuDouble(types.ModuleType):
                 {"mrope_section": mrope_section, "rotary_mode": rotary_mode},
             )
         )
-        assert positions.dim() == 1, "plain rope: positions [num_tokens]"
         assert positions.dtype in (torch.int32, torch.int64)
-        assert mrope_section in (None, [0, 0, 0]), "1-D positions take no mrope sections"
         assert rotary_mode in ("half", "interleave")
         assert query.dim() == 2, "npu_mrope takes [num_tokens, heads * head_size]"
         assert key.dim() == 2, "npu_mrope takes [num_tokens, heads * head_size]"
@@ -81,7 +117,22 @@ class TorchNpuDouble(types.ModuleType):
         assert cos_sin_cache.dtype == query.dtype
         rotary_dim = cos_sin_cache.shape[-1]
         assert rotary_dim <= head_size
-        cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+        if positions.dim() == 1:
+            assert mrope_section in (None, [0, 0, 0]), "1-D positions take no mrope sections"
+        else:
+            # CANN aclnnRopeWithSinCosCache, mrope mode: positions [3, numTokens]; axis i
+            # supplies lanes sum(section[:i]) .. sum(section[:i + 1]) of cos and sin.
+            assert positions.dim() == 2
+            assert positions.shape[0] == 3, "mrope positions are [3, num_tokens]"
+            assert mrope_section is not None
+            assert len(mrope_section) == 3
+            assert sum(mrope_section) == rotary_dim // 2, "sections cover rotary_dim // 2 lanes"
+            cos, sin = (
+                torch.cat([part[i] for i, part in enumerate(t.split(mrope_section, -1))], -1)
+                for t in (cos, sin)
+            )
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return tuple(  # type: ignore[return-value]
             _rope(x, cos, sin, head_size, rotary_dim, rotary_mode == "half") for x in (query, key)
         )

@@ -3,14 +3,16 @@
 Not the real SDK. It stands in for ``sgl_kernel`` in ``sys.modules`` so the adapters can be
 checked here, without a GPU: same function names, argument order, in-place writes and return
 values as sgl_kernel's Python API (``sgl_kernel/elementwise.py``, 0.4.x), and the same
-preconditions the CUDA kernels rely on (dtype, contiguity, int64 positions, cache dtype), which
-it turns into ``AssertionError`` where the real kernel would throw or read garbage. Every call
-is recorded in :attr:`SglKernelDouble.calls`.
+preconditions the CUDA kernels rely on (dtype, contiguity, int64 positions, cache dtype, at
+least one row for the kernels that launch one CUDA block per row), which it turns into
+``AssertionError`` where the real kernel would throw or read garbage. Every call is recorded
+in :attr:`SglKernelDouble.calls`.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ FLOATS = (torch.float32, *HALF)
 
 
 class SglKernelDouble(types.ModuleType):
-    """``sgl_kernel`` stand-in: ``silu_and_mul``, ``rmsnorm``, ``fused_add_rmsnorm``, rope."""
+    """``sgl_kernel`` stand-in: the act-and-mul, (Gemma) RMS norm and rope kernels."""
 
     def __init__(self) -> None:
         super().__init__("sgl_kernel")
@@ -30,20 +32,17 @@ class SglKernelDouble(types.ModuleType):
 
     def silu_and_mul(self, input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self.calls.append(("silu_and_mul", (input, out)))
-        if input.shape[-1] * input.dtype.itemsize % 16 != 0:
-            raise ValueError("The pointers must be multiple of 16 bytes.")
-        d = input.shape[-1] // 2
-        if out is None:
-            out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
-        assert input.shape[:-1] == out.shape[:-1]
-        assert input.shape[-1] == 2 * out.shape[-1]
-        assert input.dtype in FLOATS
-        assert out.dtype == input.dtype
-        assert input.is_contiguous(), "kernel reads packed rows"
-        assert out.is_contiguous(), "kernel writes packed rows"
-        # silu in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
-        out.copy_(F.silu(input[..., :d].float()).to(input.dtype) * input[..., d:])
-        return out
+        return _act_and_mul(F.silu, input, out)
+
+    def gelu_and_mul(self, input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        self.calls.append(("gelu_and_mul", (input, out)))
+        return _act_and_mul(F.gelu, input, out)
+
+    def gelu_tanh_and_mul(
+        self, input: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.calls.append(("gelu_tanh_and_mul", (input, out)))
+        return _act_and_mul(lambda gate: F.gelu(gate, approximate="tanh"), input, out)
 
     def rmsnorm(
         self,
@@ -78,6 +77,41 @@ class SglKernelDouble(types.ModuleType):
         total = input.float() + residual.float()
         residual.copy_(total)  # step 1: residual += input
         input.copy_(_normalise(total, weight, eps))  # step 2: input = norm(residual) * weight
+
+    def gemma_rmsnorm(
+        self,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        out: torch.Tensor | None = None,
+        enable_pdl: bool | None = None,
+    ) -> torch.Tensor:
+        self.calls.append(("gemma_rmsnorm", (input, weight, eps, out)))
+        _check_norm_operands(input, weight)
+        # FlashInfer's csrc/norm.cu: DISPATCH_PYTORCH_DTYPE_TO_CTYPE_FP16, no float32 kernel.
+        assert input.dtype in HALF, f"gemma_rmsnorm is built for fp16/bf16, got {input.dtype}"
+        if out is None:
+            out = torch.empty_like(input)
+        out.copy_(_normalise(input.float(), 1.0 + weight.float(), eps).to(input.dtype))
+        return out
+
+    def gemma_fused_add_rmsnorm(
+        self,
+        input: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        enable_pdl: bool | None = None,
+    ) -> None:
+        self.calls.append(("gemma_fused_add_rmsnorm", (input, residual, weight, eps)))
+        _check_norm_operands(input, weight)
+        assert input.dtype in HALF, f"gemma kernels are built for fp16/bf16, got {input.dtype}"
+        assert residual.shape == input.shape
+        assert residual.dtype == input.dtype
+        assert residual.is_contiguous(), "CHECK_INPUT(residual) in FlashInfer's csrc/norm.cu"
+        total = input.float() + residual.float()
+        residual.copy_(total)  # step 1: residual += input
+        input.copy_(_normalise(total, 1.0 + weight.float(), eps))  # step 2, scale 1 + weight
 
     def rotary_embedding(
         self,
@@ -118,9 +152,38 @@ class SglKernelDouble(types.ModuleType):
             rotated.copy_(_rotate(rotated, cos, sin, is_neox))
 
 
+def _check_launch(rows: int) -> None:
+    """The norm and act-and-mul kernels launch one CUDA block per row (FlashInfer's
+    csrc/norm.cu, csrc/activation.cu): a grid of 0 blocks is an invalid launch configuration
+    (CUDA C++ Programming Guide, execution configuration; cudaErrorInvalidConfiguration)."""
+    assert rows > 0, "an empty batch is an invalid (0-block) kernel launch"
+
+
+def _act_and_mul(
+    act: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor, out: torch.Tensor | None
+) -> torch.Tensor:
+    """sgl_kernel's act-and-mul wrappers (elementwise.py) and FlashInfer's kernel."""
+    if input.shape[-1] * input.dtype.itemsize % 16 != 0:
+        raise ValueError("The pointers must be multiple of 16 bytes.")
+    d = input.shape[-1] // 2
+    if out is None:
+        out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
+    assert input.shape[:-1] == out.shape[:-1]
+    assert input.shape[-1] == 2 * out.shape[-1]
+    assert input.dtype in FLOATS
+    assert out.dtype == input.dtype
+    assert input.is_contiguous(), "kernel reads packed rows"
+    assert out.is_contiguous(), "kernel writes packed rows"
+    _check_launch(input.numel() // max(input.shape[-1], 1))
+    # act in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
+    out.copy_(act(input[..., :d].float()).to(input.dtype) * input[..., d:])
+    return out
+
+
 def _check_norm_operands(input: torch.Tensor, weight: torch.Tensor) -> None:
     assert input.dim() == 2, "norm kernels take [batch, hidden]"
     assert input.is_contiguous(), "norm kernels read packed rows"
+    _check_launch(input.shape[0])
     assert weight.dim() == 1
     assert weight.shape[0] == input.shape[1]
     assert weight.dtype == input.dtype, "kernel reads the weight as the input's element type"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from sglang_fl.dispatch.registry import OpRegistry
 
 from .ascend import AscendBackend
-from .impl.activation import silu_and_mul_npu
-from .impl.normalization import rms_norm_npu
-from .impl.rotary import rotary_embedding_npu
+from .impl.activation import gelu_and_mul_npu, gelu_new_npu, gelu_quick_npu, silu_and_mul_npu
+from .impl.normalization import gemma_rms_norm_npu, rms_norm_npu
+from .impl.rotary import mrotary_embedding_npu, rotary_embedding_npu
 
 
 def register_builtins(registry: OpRegistry) -> None:
@@ -22,6 +22,11 @@ def register_builtins(registry: OpRegistry) -> None:
                 "silu_and_mul": silu_and_mul_npu,
                 "rms_norm": rms_norm_npu,
                 "rotary_embedding": rotary_embedding_npu,
+                "gelu_and_mul": gelu_and_mul_npu,
+                "gelu_new": gelu_new_npu,
+                "gelu_quick": gelu_quick_npu,
+                "gemma_rms_norm": gemma_rms_norm_npu,
+                "mrotary_embedding": mrotary_embedding_npu,
             }
         )
     )

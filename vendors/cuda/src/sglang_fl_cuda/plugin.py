@@ -6,8 +6,8 @@ from sglang_fl import hookimpl
 from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import CudaBackend
-from .impl.activation import silu_and_mul
-from .impl.normalization import rms_norm
+from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import rotary_embedding
 
 
@@ -20,6 +20,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
                 "rotary_embedding": rotary_embedding,
+                "gelu_and_mul": gelu_and_mul,
+                "gemma_rms_norm": gemma_rms_norm,
             }
         )
     )

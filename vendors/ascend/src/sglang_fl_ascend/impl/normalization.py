@@ -1,8 +1,10 @@
-"""``rms_norm`` on ``torch_npu.npu_rms_norm`` / ``npu_add_rms_norm``, as ``RMSNorm.forward_npu``.
+"""``rms_norm`` on ``torch_npu.npu_rms_norm`` / ``npu_add_rms_norm``, as ``RMSNorm.forward_npu``,
+and ``gemma_rms_norm`` on the same two operators with ``1 + weight`` as gamma, as
+``GemmaRMSNorm.forward_npu`` does with a residual.
 
-Both operators return new tensors: with a residual, ``npu_add_rms_norm(residual, x, ...)``
-returns ``(norm(x + residual), rstd, x + residual)`` and the adapter returns the first and the
-last; its inputs are left untouched.
+The operators return new tensors: with a residual, ``npu_add_rms_norm(residual, x, ...)``
+returns ``(norm(x + residual), rstd, x + residual)`` and the adapters return the first and the
+last; their inputs are left untouched.
 """
 
 from __future__ import annotations
@@ -27,4 +29,23 @@ def rms_norm_npu(
     if residual is None:
         return torch_npu.npu_rms_norm(x, weight, obj.variance_epsilon)[0]
     out, _, residual_out = torch_npu.npu_add_rms_norm(residual, x, weight, obj.variance_epsilon)
+    return out, residual_out
+
+
+def gemma_rms_norm_npu(
+    obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``x`` normalised and scaled by ``1 + obj.weight``, passed to the plain RMS norms as their
+    gamma (in ``x``'s dtype, as ``GemmaRMSNorm.forward_npu`` passes it to ``npu_add_rms_norm``).
+
+    ``npu_gemma_rms_norm``, which SGLang uses without a residual, is not registered on every
+    Ascend generation (SGLang 0.5.23's layernorm.py: not on Ascend 950), so it is not used.
+    """
+    if x.shape[0] == 0:
+        return torch.empty_like(x) if residual is None else (torch.empty_like(x), x + residual)
+    gamma = (1.0 + obj.weight.data.float()).to(x.dtype)
+    torch_npu = TORCH_NPU.module or TORCH_NPU.load()
+    if residual is None:
+        return torch_npu.npu_rms_norm(x, gamma, obj.variance_epsilon)[0]
+    out, _, residual_out = torch_npu.npu_add_rms_norm(residual, x, gamma, obj.variance_epsilon)
     return out, residual_out
