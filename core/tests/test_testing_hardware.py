@@ -18,7 +18,6 @@ from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
 from sglang_fl.ops import STANDARD_OPS
 from sglang_fl.testing.hardware import (
-    DTYPES,
     HardwareTarget,
     max_errors,
     render,

@@ -217,9 +217,15 @@ HEAD, ROTARY, Q_HEADS, KV_HEADS = 64, 64, 4, 2
 
 def make_mrope(dtype: torch.dtype, *, interleaved: bool, neox: bool = True) -> MRotaryEmbedding:
     return MRotaryEmbedding(
-        HEAD, ROTARY, 512, 10000, neox, dtype, mrope_section=[8, 12, 12],
+        HEAD,
+        ROTARY,
+        512,
+        10000,
+        neox,
+        dtype,
+        mrope_section=[8, 12, 12],
         mrope_interleaved=interleaved,
-    )  # fmt: skip
+    )
 
 
 def qkv_slices(tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,9 +287,15 @@ def test_mrope_is_its_own_op_not_plain_rope(dispatch_log: Path) -> None:
 
 def test_glm_interleaved_mrope_stays_with_sglang(dispatch_log: Path) -> None:
     layer = MRotaryEmbedding(
-        HEAD, ROTARY, 256, 10000, True, torch.float32, mrope_section=[8, 12, 12],
+        HEAD,
+        ROTARY,
+        256,
+        10000,
+        True,
+        torch.float32,
+        mrope_section=[8, 12, 12],
         mrope_interleaved_glm=True,
-    )  # fmt: skip
+    )
     positions = torch.randint(0, 200, (3, 4), generator=torch.Generator().manual_seed(23))
     query, key = qkv_slices(4, torch.float32)
     layer(positions, query.clone(), key.clone())

@@ -223,7 +223,7 @@ def test_gemma_rms_norm_with_residual_is_npu_add_rms_norm(torch_npu: TorchNpuDou
     layer = gemma_layer(16)
     x, residual = torch.randn(3, 16).bfloat16(), torch.randn(3, 16).bfloat16()
     before = (x.clone(), residual.clone())
-    out, new_residual = gemma_rms_norm_npu(layer, x, residual)
+    _, new_residual = gemma_rms_norm_npu(layer, x, residual)
     ((name, (x1, x2, gamma, _), _),) = torch_npu.calls
     assert name == "npu_add_rms_norm"
     assert x1 is residual

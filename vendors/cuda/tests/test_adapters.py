@@ -263,7 +263,7 @@ def test_gelu_and_mul_rejects_an_unknown_approximation(sgl_kernel: SglKernelDoub
 
 
 def test_gelu_and_mul_declines_unaligned_rows_before_calling(sgl_kernel: SglKernelDouble) -> None:
-    with pytest.raises(Unsupported, match="sgl_kernel.gelu_tanh_and_mul needs rows"):
+    with pytest.raises(Unsupported, match=r"sgl_kernel\.gelu_tanh_and_mul needs rows"):
         gelu_and_mul(SimpleNamespace(approximate="tanh"), rows(2, 6, torch.float16))
     assert sgl_kernel.calls == []
 
@@ -306,7 +306,7 @@ def test_gemma_rms_norm_with_residual_is_fused_in_place(sgl_kernel: SglKernelDou
 def test_gemma_rms_norm_declines_float32_before_writing(sgl_kernel: SglKernelDouble) -> None:
     x, residual = rows(4, 16, torch.float32), rows(4, 16, torch.float32)
     before = (x.clone(), residual.clone())
-    with pytest.raises(Unsupported, match="Gemma norms have no torch.float32 kernel"):
+    with pytest.raises(Unsupported, match=r"Gemma norms have no torch\.float32 kernel"):
         gemma_rms_norm(norm_layer(16, torch.float32), x, residual)
     assert sgl_kernel.calls == []
     assert torch.equal(x, before[0])

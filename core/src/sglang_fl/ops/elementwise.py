@@ -23,5 +23,6 @@ def elementwise_inputs(
 ) -> OpInputs:
     """A ``[tokens, width]`` input that the op must leave untouched; the layer has no state."""
     p = case.params
-    x = random_tensor((p["tokens"], p["width"]), dtype, device, generator, contiguous=p["contiguous"])
+    shape = (p["tokens"], p["width"])
+    x = random_tensor(shape, dtype, device, generator, contiguous=p["contiguous"])
     return OpInputs(obj=layer(), args=(x,), preserved=("x",))

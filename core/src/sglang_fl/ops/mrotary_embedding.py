@@ -106,15 +106,16 @@ def reference(
 
 def _cases() -> tuple[OpCase, ...]:
     cases = []
-    for tokens, three_d, (head_size, rotary_dim), interleaved_sections, neox, layout in (
-        itertools.product(
-            (0, 1, 17),
-            (True, False),
-            ((16, 16), (64, 32)),
-            (False, True),
-            (True, False),
-            ("contiguous", "qkv-slices"),
-        )
+    for tokens, three_d, (
+        head_size,
+        rotary_dim,
+    ), interleaved_sections, neox, layout in itertools.product(
+        (0, 1, 17),
+        (True, False),
+        ((16, 16), (64, 32)),
+        (False, True),
+        (True, False),
+        ("contiguous", "qkv-slices"),
     ):
         name = f"tokens={tokens},positions={'3d' if three_d else '1d'},rotary_dim={rotary_dim}"
         name += f"/{head_size}" if rotary_dim < head_size else ""
