@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from sglang_fl import RegistrationError
@@ -304,3 +306,41 @@ def test_conflict_with_a_staged_impl_of_the_same_scope_is_duplicate(registry):
             vendor_impl(op="rms_norm", fn=rms, priority=5),
         )
     assert registry.implementations("rms_norm") == ()
+
+
+# -- ops a plugin has no kernel for ---------------------------------------------------------------
+
+
+def test_a_declared_gap_is_kept_with_its_provenance(registry):
+    provenance = Provenance("acme", "sglang-fl-acme", "1.0")
+    with registry.plugin_scope(provenance):
+        registry.declare_no_kernel("layer_norm", "no layer norm in the acme SDK")
+        assert registry.no_kernel("layer_norm") == ()  # staged until the hook returns
+    (gap,) = registry.no_kernel("layer_norm")
+    assert (gap.op_name, gap.reason, gap.provenance) == (
+        "layer_norm",
+        "no layer norm in the acme SDK",
+        provenance,
+    )
+    assert registry.implementations("layer_norm") == ()
+
+
+@pytest.mark.parametrize(
+    ("op", "reason", "message"),
+    [
+        ("layer_nrom", "x", "did you mean 'layer_norm'"),
+        ("layer_norm", " ", "without a reason"),
+    ],
+)
+def test_a_bad_gap_fails_the_plugin_and_drops_its_registrations(registry, op, reason, message):
+    provenance = Provenance("acme", "sglang-fl-acme", "1.0")
+
+    def hook() -> None:
+        registry.register(vendor_impl())
+        with contextlib.suppress(RegistrationError):  # swallowed: the plugin fails as a whole
+            registry.declare_no_kernel(op, reason)
+
+    with pytest.raises(RegistrationError, match=message), registry.plugin_scope(provenance):
+        hook()
+    assert all(registry.implementations(name) == () for name in registry.ops())
+    assert all(registry.no_kernel(name) == () for name in registry.ops())

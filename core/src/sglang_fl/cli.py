@@ -36,6 +36,15 @@ def _op_report(runtime: Runtime, op_name: str) -> dict[str, Any]:
         "op": op_name,
         "signature": contract.signature_text(),
         "sglang_layer": contract.sglang_layer,
+        "no_kernel": [
+            {
+                "plugin": gap.provenance.plugin,
+                "distribution": gap.provenance.distribution,
+                "version": gap.provenance.version,
+                "reason": gap.reason,
+            }
+            for gap in runtime.registry.no_kernel(op_name)
+        ],
     }
     try:
         decision = runtime.resolve(op_name).decision
@@ -126,6 +135,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
                         f"{c['outcome']}: {c['reason']}",
                     )
                 )
+            for gap in report["no_kernel"]:
+                provenance = f"{gap['distribution']} {gap['version']}"
+                verdict = f"no kernel: {gap['reason']}"
+                rows.append((report["op"], "-", "", gap["plugin"], "", provenance, "-", verdict))
         header = (
             "op",
             "impl_id",
@@ -161,6 +174,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
             lines.append(f"            {c['reason']}")
             if c["availability_reason"] and c["outcome"] != "rejected":
                 lines.append(f"            availability: {c['availability_reason']}")
+        for gap in report["no_kernel"]:
+            lines.append(
+                f"  no kernel from {gap['plugin']} ({gap['distribution']} {gap['version']}): "
+                f"{gap['reason']}"
+            )
         return "\n".join(lines)
 
     _emit(args, report, text)

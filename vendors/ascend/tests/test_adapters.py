@@ -40,6 +40,12 @@ CASES = [
 WITHOUT_OPERATOR = {"layer_norm", "clamp_position"}
 
 
+def test_ops_without_an_operator_are_declared_with_a_reason() -> None:
+    declared = {op for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
+    assert declared == WITHOUT_OPERATOR
+    assert "forward_native" in REGISTRY.no_kernel("layer_norm")[0].reason
+
+
 def declined(op: str, params: dict[str, object], dtype: torch.dtype) -> bool:
     """The calls handed back with Unsupported: npu_mrope's undocumented layouts and caches."""
     if op != "mrotary_embedding":

@@ -37,6 +37,13 @@ CASES = [
 WITHOUT_KERNEL = {"gelu_new", "gelu_quick", "layer_norm", "mrotary_embedding", "clamp_position"}
 
 
+def test_ops_without_a_kernel_are_declared_with_a_reason() -> None:
+    declared = {op: REGISTRY.no_kernel(op) for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
+    assert set(declared) == WITHOUT_KERNEL
+    assert all(len(gaps) == 1 and gaps[0].reason for gaps in declared.values())
+    assert "ROCm" in REGISTRY.no_kernel("gelu_quick")[0].reason
+
+
 def declined(op: str, case_params: dict[str, object], dtype: torch.dtype) -> bool:
     """The calls the adapters hand back with Unsupported: the FlashInfer norms have no fp32."""
     if op == "gemma_rms_norm":

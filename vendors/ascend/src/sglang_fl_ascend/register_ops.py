@@ -14,8 +14,16 @@ from .impl.activation import gelu_and_mul_npu, gelu_new_npu, gelu_quick_npu, sil
 from .impl.normalization import gemma_rms_norm_npu, rms_norm_npu
 from .impl.rotary import mrotary_embedding_npu, rotary_embedding_npu
 
+# The standard ops torch_npu has no operator for: nothing is registered, `sglang-fl ops` says why.
+NO_KERNEL = {
+    "layer_norm": "torch_npu has no layer norm operator (SGLang's forward_npu is forward_native)",
+    "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
+}
+
 
 def register_builtins(registry: OpRegistry) -> None:
+    for op_name, reason in NO_KERNEL.items():
+        registry.declare_no_kernel(op_name, reason)
     registry.register_many(
         AscendBackend().implementations(
             {
