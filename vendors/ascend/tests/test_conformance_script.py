@@ -16,7 +16,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 from sglang_fl_ascend.ascend import TORCH_NPU
-from sglang_fl_ascend.register_ops import register_builtins
+from sglang_fl_ascend.register_ops import NO_KERNEL, register_builtins
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.dispatch.types import Availability
@@ -56,9 +56,13 @@ def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatc
 
 def test_every_case_passes_with_its_errors(script: ModuleType, torch_npu: TorchNpuDouble) -> None:
     found = run_cases(script.TARGET, dtypes=[torch.bfloat16], device="cpu", repeat=0)
-    assert len(found) == sum(len(c.cases) for c in STANDARD_OPS.values())
+    registered = [c for op, c in STANDARD_OPS.items() if op not in NO_KERNEL]
+    assert len(found) == sum(len(c.cases) for c in registered)
     tolerance = STANDARD_OPS["rms_norm"].tolerance(torch.bfloat16)
-    for result in found:
+    declined = [r for r in found if r.status == "skipped"]
+    # npu_mrope declines interleaved sections and a float32 cache with bf16 queries.
+    assert {r.op for r in declined} == {"mrotary_embedding"}
+    for result in (r for r in found if r.status != "skipped"):
         assert result.status == "passed", result.message
         assert result.max_abs <= tolerance.atol * 4, result
         assert result.time_ratio is None  # timing skipped (repeat=0)
