@@ -71,14 +71,14 @@ class OpRegistry:
         with self._lock:
             provenance = self._scope or DIRECT_PROVENANCE
             who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
+            problem = None
             if op_name not in STANDARD_OPS:
-                message = f"{who} declared no kernel for {unknown_op_message(op_name)}"
-                self._refusals.append(message)
-                raise RegistrationError(message)
-            if not isinstance(reason, str) or not reason.strip():
-                message = f"{who} declared no kernel for {op_name!r} without a reason"
-                self._refusals.append(message)
-                raise RegistrationError(message)
+                problem = f"{who} declared no kernel for {unknown_op_message(op_name)}"
+            elif not isinstance(reason, str) or not reason.strip():
+                problem = f"{who} declared no kernel for {op_name!r} without a reason"
+            if problem is not None:
+                self._refusals.append(problem)  # fails the plugin even if it is caught
+                raise RegistrationError(problem)
             gap = NoKernel(op_name, reason, provenance)
             if self._scope is None:
                 self._no_kernel[op_name].append(gap)
