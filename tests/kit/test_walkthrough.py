@@ -156,7 +156,7 @@ def test_walkthrough(tmp_path: Path) -> None:
     plugin_test = project / "tests" / "test_my_chip_plugin.py"
     plugin_test.write_text(
         re.sub(
-            r"(?m)^REGISTERED_OPS = .*$",
+            r"(?ms)^REGISTERED_OPS = \{.*?^\}$",
             'REGISTERED_OPS = {"silu_and_mul"}',
             plugin_test.read_text(),
         )
