@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from sglang_fl import __version__, cli
+from sglang_fl.ops import STANDARD_OPS
 
-OPS = ["silu_and_mul", "rms_norm", "rotary_embedding"]
+OPS = list(STANDARD_OPS)
 PLUGIN_KEYS = {"name", "module", "distribution", "version", "status", "hooks", "error", "builtin"}
 CANDIDATE_KEYS = {
     "impl_id",
@@ -225,6 +226,38 @@ def test_ops_text(capsys, plugin_site, only):
     assert "(* = chosen" in out
 
 
+WITHOUT_KERNEL = """
+from sglang_fl import hookimpl
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.declare_no_kernel("layer_norm", "the acme SDK has no layer norm")
+"""
+
+
+def test_ops_say_why_a_vendor_has_no_kernel(capsys, plugin_site, only):
+    plugin_site.plugin("acme", WITHOUT_KERNEL)
+    only("acme")
+    code, data = run_json(capsys, "ops")
+    assert code == 0
+    reports = {op["op"]: op for op in data["ops"]}
+    assert reports["layer_norm"]["no_kernel"] == [
+        {
+            "plugin": "acme",
+            "distribution": "sglang-fl-acme",
+            "version": "1.0",
+            "reason": "the acme SDK has no layer norm",
+        }
+    ]
+    assert reports["rms_norm"]["no_kernel"] == []
+    _, out, _ = run_cli(capsys, "ops")
+    (line,) = [line for line in out.splitlines() if "no kernel:" in line]
+    assert line.split()[:3] == ["layer_norm", "-", "acme"]
+    assert line.endswith("no kernel: the acme SDK has no layer norm")
+    _, out, _ = run_cli(capsys, "explain", "layer_norm")
+    assert "  no kernel from acme (sglang-fl-acme 1.0): the acme SDK has no layer norm" in out
+
+
 def test_ops_with_an_unresolvable_op_exits_1(capsys, only, monkeypatch):
     only()
     monkeypatch.setenv("SGLANG_FL_PER_OP", "rms_norm=vendor:nope")
@@ -283,6 +316,7 @@ def test_explain_json(capsys, monkeypatch, only):
         "op",
         "signature",
         "sglang_layer",
+        "no_kernel",
         "chosen",
         "order",
         "order_source",

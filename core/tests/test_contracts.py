@@ -11,7 +11,18 @@ from sglang_fl.ops import STANDARD_OPS, get_contract, unknown_op_message
 
 
 def test_standard_ops_are_the_design_set():
-    assert list(STANDARD_OPS) == ["silu_and_mul", "rms_norm", "rotary_embedding"]
+    assert list(STANDARD_OPS) == [
+        "silu_and_mul",
+        "rms_norm",
+        "rotary_embedding",
+        "gelu_and_mul",
+        "gelu_new",
+        "gelu_quick",
+        "gemma_rms_norm",
+        "layer_norm",
+        "mrotary_embedding",
+        "clamp_position",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -24,6 +35,13 @@ def test_standard_ops_are_the_design_set():
             "rotary_embedding(obj, query, key, cos, sin, position_ids, "
             "rotary_interleaved=False, inplace=True)",
         ),
+        ("gelu_and_mul", "gelu_and_mul(obj, x)"),
+        ("gelu_new", "gelu_new(obj, x)"),
+        ("gelu_quick", "gelu_quick(obj, x)"),
+        ("gemma_rms_norm", "gemma_rms_norm(obj, x, residual=None)"),  # as in FlagOS
+        ("layer_norm", "layer_norm(obj, x)"),
+        ("mrotary_embedding", "mrotary_embedding(obj, positions, query, key)"),  # as in FlagOS
+        ("clamp_position", "clamp_position(obj, seq_lens)"),
     ],
 )
 def test_signature_text_is_the_design_signature(op, text):
@@ -48,21 +66,38 @@ def test_unknown_op_suggests_close_match():
     message = info.value.args[0]
     assert "'rms_nrom'" in message
     assert "did you mean 'rms_norm'?" in message
-    assert "silu_and_mul, rms_norm, rotary_embedding" in message
+    assert "silu_and_mul, rms_norm, rotary_embedding, gelu_and_mul" in message
 
 
 def test_unknown_op_without_close_match_lists_known_ops():
     message = unknown_op_message("attention")
     assert "did you mean" not in message
-    assert "known ops: silu_and_mul, rms_norm, rotary_embedding" in message
+    assert "known ops: silu_and_mul, rms_norm, rotary_embedding, gelu_and_mul" in message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_tolerances_for_every_contract_dtype(dtype):
+def test_tolerances_for_every_float_contract_dtype(dtype):
     for contract in STANDARD_OPS.values():
-        tol = contract.tolerance(dtype)
-        assert tol.atol > 0
-        assert tol.rtol > 0
+        if dtype in contract.dtypes:
+            tol = contract.tolerance(dtype)
+            assert tol.atol > 0
+            assert tol.rtol > 0
+
+
+def test_index_results_are_exact():
+    contract = get_contract("clamp_position")
+    assert contract.dtypes == (torch.int32, torch.int64)
+    for dtype in contract.dtypes:
+        assert (contract.tolerance(dtype).atol, contract.tolerance(dtype).rtol) == (0, 0)
+
+
+@pytest.mark.parametrize("op", list(STANDARD_OPS)[3:])
+def test_newer_contracts_cover_empty_and_strided_inputs(op):
+    """Every contract beyond the first three has a 0-token and a non-contiguous case."""
+    contract = get_contract(op)
+    names = [case.name for case in contract.cases]
+    assert any("tokens=0" in n or "batch=0" in n for n in names), names
+    assert any("strided" in n or "qkv-slices" in n for n in names), names
 
 
 def test_tolerance_of_unknown_dtype_names_op_and_dtypes():

@@ -32,10 +32,11 @@ def make(op_name, case, dtype):
     return STANDARD_OPS[op_name].make_inputs(case, dtype, torch.device("cpu"), generator)
 
 
-def test_every_contract_covers_the_three_dtypes():
+def test_every_float_contract_covers_the_three_dtypes():
     for contract in STANDARD_OPS.values():
-        assert set(contract.dtypes) >= set(DTYPES), contract.name
         assert contract.cases, contract.name
+        if any(dtype.is_floating_point for dtype in contract.dtypes):
+            assert set(contract.dtypes) >= set(DTYPES), contract.name
 
 
 def test_reference_impl_ids_are_namespaced():

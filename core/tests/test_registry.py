@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from sglang_fl import RegistrationError, UnknownOpError
 from sglang_fl.dispatch.registry import DIRECT_PROVENANCE, OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl, Provenance
+from sglang_fl.ops import STANDARD_OPS
 
 ACME = Provenance("acme", "sglang-fl-acme", "1.2.3")
 ROGUE = Provenance("rogue", "sglang-fl-rogue", "0.0.1")
@@ -39,7 +42,7 @@ def registry():
 
 
 def test_empty_registry_knows_every_standard_op(registry):
-    assert registry.ops() == ("silu_and_mul", "rms_norm", "rotary_embedding")
+    assert registry.ops() == tuple(STANDARD_OPS)
     for op in registry.ops():
         assert registry.implementations(op) == ()
 
@@ -303,3 +306,41 @@ def test_conflict_with_a_staged_impl_of_the_same_scope_is_duplicate(registry):
             vendor_impl(op="rms_norm", fn=rms, priority=5),
         )
     assert registry.implementations("rms_norm") == ()
+
+
+# -- ops a plugin has no kernel for ---------------------------------------------------------------
+
+
+def test_a_declared_gap_is_kept_with_its_provenance(registry):
+    provenance = Provenance("acme", "sglang-fl-acme", "1.0")
+    with registry.plugin_scope(provenance):
+        registry.declare_no_kernel("layer_norm", "no layer norm in the acme SDK")
+        assert registry.no_kernel("layer_norm") == ()  # staged until the hook returns
+    (gap,) = registry.no_kernel("layer_norm")
+    assert (gap.op_name, gap.reason, gap.provenance) == (
+        "layer_norm",
+        "no layer norm in the acme SDK",
+        provenance,
+    )
+    assert registry.implementations("layer_norm") == ()
+
+
+@pytest.mark.parametrize(
+    ("op", "reason", "message"),
+    [
+        ("layer_nrom", "x", "did you mean 'layer_norm'"),
+        ("layer_norm", " ", "without a reason"),
+    ],
+)
+def test_a_bad_gap_fails_the_plugin_and_drops_its_registrations(registry, op, reason, message):
+    provenance = Provenance("acme", "sglang-fl-acme", "1.0")
+
+    def hook() -> None:
+        registry.register(vendor_impl())
+        with contextlib.suppress(RegistrationError):  # swallowed: the plugin fails as a whole
+            registry.declare_no_kernel(op, reason)
+
+    with pytest.raises(RegistrationError, match=message), registry.plugin_scope(provenance):
+        hook()
+    assert all(registry.implementations(name) == () for name in registry.ops())
+    assert all(registry.no_kernel(name) == () for name in registry.ops())

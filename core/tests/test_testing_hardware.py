@@ -19,7 +19,6 @@ from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
 from sglang_fl.ops import STANDARD_OPS
 from sglang_fl.testing.hardware import (
-    DTYPES,
     HardwareTarget,
     load_script,
     max_errors,
@@ -80,9 +79,9 @@ def test_a_passing_run_exits_0_and_prints_every_op_dtype_and_case(
     assert out[1].split() == ["op", "dtype", "status", "max_abs", "max_rel", "t/sglang", "case"]
     rows = out[2:-1]
     expected = [
-        (op, dtype, case.name)
+        (op, str(dtype).removeprefix("torch."), case.name)
         for op, contract in STANDARD_OPS.items()
-        for dtype in DTYPES
+        for dtype in contract.dtypes
         for case in contract.cases
     ]
     assert len(rows) == len(expected)
@@ -184,52 +183,76 @@ def test_max_errors_over_all_outputs() -> None:
 
 
 class FakeSglang:
-    """``sglang.srt.layers.*`` stand-ins whose only forward is ``forward_fake``."""
+    """Stand-ins for SGLang's layer modules whose only forward is ``forward_fake``."""
 
     def __init__(self) -> None:
         self.built: list[tuple[str, tuple[Any, ...]]] = []
         self.calls: list[tuple[str, tuple[torch.Size, ...]]] = []
         fake = self
 
-        class SiluAndMul(torch.nn.Module):
-            def forward_fake(self, x: torch.Tensor) -> torch.Tensor:
-                fake.calls.append(("silu_and_mul", (x.shape,)))
-                return REFERENCE_FNS["silu_and_mul"](None, x)
+        def layer_class(op: str, name: str, weights: bool = False) -> type:
+            """A module recording how it was built and the shapes of each call."""
 
-        class RMSNorm(torch.nn.Module):
-            def __init__(self, hidden_size: int, eps: float) -> None:
-                super().__init__()
-                fake.built.append(("rms_norm", (hidden_size, eps)))
-                self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+            class Layer(torch.nn.Module):
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    super().__init__()
+                    fake.built.append((op, args))
+                    if weights:  # norms: the runner sets weight.data (and bias) to the case's
+                        self.weight = torch.nn.Parameter(torch.ones(args[0]))
+                        self.bias = torch.nn.Parameter(torch.zeros(args[0]))
 
-            def forward_fake(self, x: torch.Tensor, residual: Any = None) -> object:
-                fake.calls.append(("rms_norm", (x.shape,)))
-                assert self.weight.dtype == x.dtype  # the case's weight, not a default one
-                return x
+                def forward_fake(self, *args: Any) -> object:
+                    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                    fake.calls.append((op, tuple(t.shape for t in tensors)))
+                    if weights:
+                        assert self.weight.dtype == kwargs_dtype(self, tensors[0])
+                    return tensors[0]
 
-        class RotaryEmbedding(torch.nn.Module):
-            def __init__(self, *args: Any) -> None:
-                super().__init__()
-                fake.built.append(("rotary_embedding", args))
+            Layer.__name__ = Layer.__qualname__ = name
+            return Layer
 
-            def forward_fake(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-                fake.calls.append(("rotary_embedding", (positions.shape, q.shape, k.shape)))
-                return q, k
+        def kwargs_dtype(layer: torch.nn.Module, x: torch.Tensor) -> torch.dtype:
+            # RMS norms take the case's weight in x's dtype; LayerNorm in its compute dtype.
+            return layer.weight.dtype if type(layer).__name__ == "LayerNorm" else x.dtype
 
-        self.modules = {
-            "activation": SiluAndMul,
-            "layernorm": RMSNorm,
-            "rotary_embedding": RotaryEmbedding,
+        self.modules: dict[str, list[type]] = {
+            "sglang.srt.layers.activation": [
+                layer_class("silu_and_mul", "SiluAndMul"),
+                layer_class("gelu_and_mul", "GeluAndMul"),
+                layer_class("gelu_new", "NewGELU"),
+                layer_class("gelu_quick", "QuickGELU"),
+            ],
+            "sglang.srt.layers.layernorm": [
+                layer_class("rms_norm", "RMSNorm", weights=True),
+                layer_class("gemma_rms_norm", "GemmaRMSNorm", weights=True),
+                layer_class("layer_norm", "LayerNorm", weights=True),
+            ],
+            "sglang.srt.layers.rotary_embedding": [
+                layer_class("rotary_embedding", "RotaryEmbedding"),
+                layer_class("mrotary_embedding", "MRotaryEmbedding"),
+            ],
+            "sglang.kernels.ops.attention.clamp_position": [
+                layer_class("clamp_position", "ClampPositionOp"),
+            ],
         }
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in ("sglang", "sglang.srt", "sglang.srt.layers"):
+        parents = {p for name in self.modules for p in _parents(name)}
+        for name in sorted(parents):
             monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-        for module, cls in self.modules.items():
-            name = f"sglang.srt.layers.{module}"
+        for name, classes in self.modules.items():
             stand_in = types.ModuleType(name)
-            setattr(stand_in, cls.__name__, cls)
+            for cls in classes:
+                setattr(stand_in, cls.__name__, cls)
             monkeypatch.setitem(sys.modules, name, stand_in)
+            parent, _, leaf = name.rpartition(".")
+            setattr(sys.modules[parent], leaf, stand_in)
+
+
+def _parents(module: str) -> list[str]:
+    """``a.b.c`` -> ``["a", "a.b"]``."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def test_each_case_is_timed_against_sglangs_own_method(
@@ -246,8 +269,12 @@ def test_each_case_is_timed_against_sglangs_own_method(
     assert all(r.time_ratio is not None and r.time_ratio > 0 for r in timed)
     # Per case: 2 timings (ours, SGLang's), each warmed up and synchronized before and after.
     assert target.synchronize.calls == 4 * len(timed)  # type: ignore[attr-defined]
-    assert {op for op, _ in sglang.calls} == set(STANDARD_OPS)
+    half_ops = {op for op, contract in STANDARD_OPS.items() if torch.float16 in contract.dtypes}
+    assert {op for op, _ in sglang.calls} == half_ops
     assert len(sglang.calls) == (3 + 2) * len(timed)  # 3 warm-up calls, 2 timed
+    index_rows = run_cases(target, ["clamp_position"], repeat=1)  # its int32/int64 cases
+    assert {r.dtype for r in index_rows} == {"int32", "int64"}
+    assert all(r.status == "passed" for r in index_rows)
 
     cases = [c.params for c in STANDARD_OPS["rotary_embedding"].cases if c.params["tokens"]]
     ropes = [args for op, args in sglang.built if op == "rotary_embedding"]
@@ -275,7 +302,8 @@ def test_timing_can_be_skipped(
     out = capsys.readouterr().out
     assert sglang.calls == []
     assert "median" not in out
-    assert out.count("n/a  ") == len(STANDARD_OPS["silu_and_mul"].cases) * len(DTYPES)
+    contract = STANDARD_OPS["silu_and_mul"]
+    assert out.count("n/a  ") == len(contract.cases) * len(contract.dtypes)
 
 
 def test_render_indents_a_failures_message() -> None:

@@ -23,7 +23,7 @@ from sglang.kernels.fused_op import (
 )
 from sglang.kernels.spec import KernelBackend
 from sglang.srt.layers.activation import SiluAndMul
-from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
+from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 
 from sglang_fl.integrations.sglang.report import read_log
@@ -199,18 +199,6 @@ def test_subclass_with_its_own_math_is_left_to_sglang(dispatch_log: Path) -> Non
     assert row["runner"] == "sglang"
     assert row["op"] == "rms_norm"
     assert "overrides forward_native" in row["reason"]
-
-
-def test_gemma_rms_norm_is_left_to_sglang_and_reported(dispatch_log: Path) -> None:
-    layer = GemmaRMSNorm(32)
-    with torch.no_grad():
-        layer.weight.normal_()
-    x = randn(3, 32, dtype=torch.float32, seed=13)
-    torch.testing.assert_close(layer(x.clone()), layer(x.clone(), backend=TORCH), rtol=0, atol=0)
-    assert routed_impl(layer) is None
-    (row,) = records(dispatch_log, event="layer", layer="sglang.srt.layers.layernorm.GemmaRMSNorm")
-    assert row["runner"] == "sglang"
-    assert row["op"] is None
 
 
 # --- RotaryEmbedding -----------------------------------------------------------------------

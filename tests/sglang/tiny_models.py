@@ -1,4 +1,4 @@
-"""Build tiny Llama / Qwen2 checkpoints offline (no model hub is reachable in CI).
+"""Build tiny Llama / Qwen2 / Gemma-3 (text) checkpoints offline (no model hub is reachable in CI).
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the Python standard library's
 own sources, so it needs nothing but the interpreter. Weights are random but seeded: the same
@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "gemma3")
 VOCAB_SIZE = 512
 HIDDEN_SIZE = 64
 NUM_LAYERS = 2
@@ -64,7 +64,7 @@ def build_tokenizer(out_dir: Path) -> None:
 
 
 def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> PretrainedConfig
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     common = {
         "vocab_size": vocab_size,
@@ -86,6 +86,17 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
         return LlamaConfig(**common)
     if arch == "qwen2":
         return Qwen2Config(**common, use_sliding_window=False)
+    if arch == "gemma3":
+        # Gemma's GeGLU MLP, 1 + weight norms (q/k norms too), tied embeddings; the sliding
+        # window is wider than any test sequence, so local and global layers see the same keys.
+        gemma = {**common, "tie_word_embeddings": True}
+        return Gemma3TextConfig(
+            **gemma,
+            head_dim=HIDDEN_SIZE // 4,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=HIDDEN_SIZE // 4,
+            sliding_window=512,
+        )
     raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
 
 

@@ -39,6 +39,7 @@ from .schema import (
     OpsPayload,
     PluginsPayload,
     TorchReport,
+    provenance_fields,
 )
 
 
@@ -67,6 +68,10 @@ def _op_report(runtime: Runtime, op_name: str) -> OpReport:
         "order": decision["order"],
         "order_source": decision["order_source"],
         "candidates": decision["candidates"],
+        "no_kernel": [
+            {**provenance_fields(gap.provenance), "reason": gap.reason}
+            for gap in runtime.registry.no_kernel(op_name)
+        ],
     }
 
 
@@ -154,6 +159,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
                         f"{c['outcome']}: {c['reason']}",
                     )
                 )
+            for gap in report["no_kernel"]:
+                provenance = f"{gap['distribution']} {gap['version']}"
+                verdict = f"no kernel: {gap['reason']}"
+                rows.append((report["op"], "-", "", gap["plugin"], "", provenance, "-", verdict))
         header = (
             "op",
             "impl_id",
@@ -190,6 +199,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
             lines.append(f"            {c['reason']}")
             if c["availability_reason"] and c["outcome"] is not CandidateOutcome.REJECTED:
                 lines.append(f"            availability: {c['availability_reason']}")
+        for gap in report["no_kernel"]:
+            lines.append(
+                f"  no kernel from {gap['plugin']} ({gap['distribution']} {gap['version']}): "
+                f"{gap['reason']}"
+            )
         return "\n".join(lines)
 
     payload: ExplainPayload = {"schema_version": SCHEMA_VERSION, **report}

@@ -78,12 +78,19 @@ class DecisionJson(TypedDict):
     candidates: list[CandidateJson]
 
 
+class NoKernelJson(ProvenanceFields):
+    """A plugin's declaration that it has no kernel for an op, and why."""
+
+    reason: str
+
+
 class OpReport(DecisionJson):
     """``ops --json``'s entries and ``explain OP --json``: the decision and the op's contract."""
 
     signature: str
     sglang_layer: str
     error: str | None
+    no_kernel: list[NoKernelJson]
 
 
 class PluginSummary(TypedDict):

@@ -10,14 +10,15 @@ where, and what is declined or never called.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from sglang_fl_ascend import plugin
-from sglang_fl_ascend.impl.activation import silu_and_mul
-from sglang_fl_ascend.impl.normalization import rms_norm
-from sglang_fl_ascend.impl.rotary import rotary_embedding
+from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from sglang_fl_ascend.impl.normalization import gemma_rms_norm, rms_norm
+from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
@@ -30,14 +31,34 @@ IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op
 CASES = [
     pytest.param(op, case, dtype, id=f"{op}/{case_id}")
     for op in STANDARD_OPS
+    if op in IMPLS
     for case, dtype, case_id in contract_grid(op)
 ]
+# torch_npu has no operator of its own for these: SGLang's forward_npu runs forward_native
+# (LayerNorm) or has no NPU path (ClampPositionOp); the reference runs on torch_npu's aten ops.
+WITHOUT_OPERATOR = {"layer_norm", "clamp_position"}
 
 
-def declined(op: str, case_params: Mapping[str, Any], dtype: torch.dtype) -> bool:
-    """The calls the adapters hand back with Unsupported: npu_mrope takes head sizes in
-    multiples of 32 in half precision (16 in float32), so rotary_dim 16 in fp16/bf16."""
-    return op == "rotary_embedding" and case_params["rotary_dim"] % 32 and dtype != torch.float32
+def test_ops_without_an_operator_are_declared_with_a_reason() -> None:
+    declared = {op for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
+    assert declared == WITHOUT_OPERATOR
+    assert "forward_native" in REGISTRY.no_kernel("layer_norm")[0].reason
+
+
+def declined(op: str, params: Mapping[str, Any], dtype: torch.dtype) -> bool:
+    """The calls the adapters hand back with Unsupported: npu_mrope takes head sizes and
+    rotary dims in multiples of 32 in half precision (16 in float32), documented layouts only
+    (no interleaved mrope sections) and a cache in the query dtype."""
+    if op not in ("rotary_embedding", "mrotary_embedding"):
+        return False
+    sizes = (params["rotary_dim"], params.get("head_size", params["rotary_dim"]))
+    misaligned = dtype != torch.float32 and any(size % 32 for size in sizes)
+    if op == "rotary_embedding":
+        return misaligned
+    interleaved_3d = bool(params["three_d"] and params["interleaved_sections"])
+    # The qkv-slice cases carry a float32 cos_sin_cache (SGLang's CUDA layout).
+    cache_mismatch = bool(params["qkv_slices"]) and dtype != torch.float32
+    return misaligned or interleaved_3d or cache_mismatch
 
 
 def test_registers_every_standard_op_as_the_adapter_itself() -> None:
@@ -45,7 +66,13 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "silu_and_mul": silu_and_mul,
         "rms_norm": rms_norm,
         "rotary_embedding": rotary_embedding,
+        "gelu_and_mul": gelu_and_mul,
+        "gelu_new": gelu_new,
+        "gelu_quick": gelu_quick,
+        "gemma_rms_norm": gemma_rms_norm,
+        "mrotary_embedding": mrotary_embedding,
     }
+    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id, impl.priority) == ("ascend", "vendor.ascend", 100)
@@ -170,7 +197,7 @@ def test_rotary_declines_unaligned_head_sizes_before_writing(
     query, key = torch.randn(3, 4, rotary_dim).to(dtype), torch.randn(3, 2, rotary_dim).to(dtype)
     cos = sin = torch.ones(8, rotary_dim // 2).to(dtype)
     before = query.clone()
-    message = f"multiples of .*; got rotary_dim {rotary_dim} in {dtype}"
+    message = f"multiples of .*; got head_size {rotary_dim}, rotary_dim {rotary_dim} in {dtype}"
     with pytest.raises(Unsupported, match=message):
         rotary_embedding(None, query, key, cos, sin, torch.tensor([0, 1, 2]))
     assert torch_npu.calls == []
@@ -183,3 +210,122 @@ def test_silu_and_mul_packs_a_strided_input(torch_npu: TorchNpuDouble) -> None:
     ((_, (kernel_in,), _),) = torch_npu.calls
     assert kernel_in.is_contiguous()
     assert torch.equal(kernel_in, x)
+
+
+# --- the second set of ops -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("approximate", "flag"), [("none", 0), ("tanh", 1)])
+def test_gelu_and_mul_is_npu_geglu_gating_the_left_half(
+    torch_npu: TorchNpuDouble, approximate: str, flag: int
+) -> None:
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    out = gelu_and_mul(SimpleNamespace(approximate=approximate), x)
+    ((name, args, kwargs),) = torch_npu.calls
+    assert name == "npu_geglu"
+    assert args[0] is x
+    assert kwargs == {"dim": -1, "approximate": flag, "activate_left": True}
+    assert out.shape == (3, 4)
+
+
+def test_gelu_new_is_the_tanh_npu_gelu(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(2, 8)
+    gelu_new(None, x)
+    assert torch_npu.calls == [("npu_gelu", (x,), {"approximate": "tanh"})]
+
+
+def test_gelu_quick_is_npu_fast_gelu(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(2, 8)
+    gelu_quick(None, x)
+    assert torch_npu.calls == [("npu_fast_gelu", (x,), {})]
+
+
+def gemma_layer(hidden: int, dtype: torch.dtype = torch.bfloat16) -> SimpleNamespace:
+    weight = (0.1 * torch.randn(hidden, generator=torch.Generator().manual_seed(3))).to(dtype)
+    return SimpleNamespace(weight=weight, variance_epsilon=1e-6)
+
+
+def test_gemma_rms_norm_passes_one_plus_weight_as_gamma(torch_npu: TorchNpuDouble) -> None:
+    layer, x = gemma_layer(16), torch.randn(3, 16, dtype=torch.bfloat16)
+    gemma_rms_norm(layer, x)
+    ((name, (kernel_x, gamma, eps), _),) = torch_npu.calls
+    assert name == "npu_rms_norm"
+    assert kernel_x is x
+    assert gamma.dtype == torch.bfloat16
+    assert torch.equal(gamma, (1.0 + layer.weight.float()).to(torch.bfloat16))
+    assert eps == 1e-6
+
+
+def test_gemma_rms_norm_with_residual_is_npu_add_rms_norm(torch_npu: TorchNpuDouble) -> None:
+    layer = gemma_layer(16)
+    x, residual = torch.randn(3, 16).bfloat16(), torch.randn(3, 16).bfloat16()
+    before = (x.clone(), residual.clone())
+    _, new_residual = gemma_rms_norm(layer, x, residual)
+    ((name, (x1, x2, gamma, _), _),) = torch_npu.calls
+    assert name == "npu_add_rms_norm"
+    assert x1 is residual
+    assert x2 is x
+    assert torch.equal(gamma, (1.0 + layer.weight.float()).to(torch.bfloat16))
+    torch.testing.assert_close(new_residual, (before[0].float() + before[1].float()).bfloat16())
+    assert torch.equal(x, before[0])
+    assert torch.equal(residual, before[1])
+
+
+def mrope_inputs(three_d: bool, interleaved: bool = False) -> tuple[object, ...]:
+    contract = STANDARD_OPS["mrotary_embedding"]
+    case = next(
+        c
+        for c in contract.cases
+        if c.params["tokens"] == 17
+        and c.params["three_d"] == three_d
+        and c.params["interleaved_sections"] == interleaved
+        and c.params["rotary_dim"] == 32
+        and c.params["neox"]
+        and not c.params["qkv_slices"]
+    )
+    inputs = contract.make_inputs(
+        case, torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(1)
+    )
+    return (inputs.obj, *inputs.args)
+
+
+def test_mrope_with_3d_positions_passes_the_layer_sections(torch_npu: TorchNpuDouble) -> None:
+    obj, positions, query, key = mrope_inputs(three_d=True)
+    mrotary_embedding(obj, positions, query, key)
+    ((name, args, kwargs),) = torch_npu.calls
+    assert name == "npu_mrope"
+    assert args[0] is positions
+    assert args[1] is query
+    assert args[3] is obj.cos_sin_cache  # type: ignore[attr-defined]
+    assert args[4] == 64  # head_size: the rest of each head passes through
+    assert kwargs == {"mrope_section": [4, 6, 6], "rotary_mode": "half"}
+
+
+def test_mrope_with_1d_positions_is_plain_rope(torch_npu: TorchNpuDouble) -> None:
+    obj, positions, query, key = mrope_inputs(three_d=False)
+    mrotary_embedding(obj, positions, query, key)
+    assert torch_npu.calls[0][2]["mrope_section"] == [0, 0, 0]
+
+
+def test_mrope_declines_interleaved_sections_before_calling(torch_npu: TorchNpuDouble) -> None:
+    obj, positions, query, key = mrope_inputs(three_d=True, interleaved=True)
+    with pytest.raises(Unsupported, match="interleaved mrope sections"):
+        mrotary_embedding(obj, positions, query, key)
+    assert torch_npu.calls == []
+
+
+def test_mrope_declines_rows_wider_than_sglang_sends(torch_npu: TorchNpuDouble) -> None:
+    obj, positions, _, key = mrope_inputs(three_d=False)
+    query = torch.zeros(17, 4160, dtype=torch.bfloat16)
+    with pytest.raises(Unsupported, match="exceed the 4096"):
+        mrotary_embedding(obj, positions, query, key)
+    assert torch_npu.calls == []
+
+
+def test_mrope_declines_sizes_npu_mrope_does_not_align(torch_npu: TorchNpuDouble) -> None:
+    obj, positions, query, key = mrope_inputs(three_d=True)
+    obj.head_size = obj.rotary_dim = 16  # type: ignore[attr-defined]  # bf16 needs 32
+    obj.cos_sin_cache = obj.cos_sin_cache[:, :16]  # type: ignore[attr-defined]
+    with pytest.raises(Unsupported, match=r"got head_size 16, rotary_dim 16 in torch\.bfloat16"):
+        mrotary_embedding(obj, positions, query, key)
+    assert torch_npu.calls == []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import sglang_fl_ascend
+from sglang_fl_ascend.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
 
@@ -65,6 +66,11 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
     assert set(decisions) == set(STANDARD_OPS)
     for op, decision in decisions.items():
         assert decision["chosen"] == f"reference.{op}"
+        if op in NO_KERNEL:  # no candidate, and `ops` says why
+            assert not [c for c in decision["candidates"] if c["plugin"] == "ascend"]
+            (gap,) = decision["no_kernel"]
+            assert (gap["plugin"], gap["reason"]) == ("ascend", NO_KERNEL[op])
+            continue
         mine = ascend_candidate(decision)
         assert mine["impl_id"] == "vendor.ascend"
         assert mine["distribution"] == "sglang-fl-ascend"
@@ -151,6 +157,9 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
         """
     )
     for op, decision in found["decisions"].items():
+        if op in NO_KERNEL:
+            assert decision["chosen"] == f"reference.{op}"
+            continue
         assert decision["chosen"] == "vendor.ascend", op
         assert ascend_candidate(decision)["availability_reason"] == (
             "torch_npu 0.0.0+double imported; 2 NPUs"

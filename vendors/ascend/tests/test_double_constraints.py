@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch_npu_double import TorchNpuDouble
 
-from sglang_fl.testing.doubles import Constraint, constraint_tests
+from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
 
 D = TorchNpuDouble
 Call = Callable[[TorchNpuDouble], object]
@@ -25,6 +26,18 @@ def t(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
 
 def swiglu(x: torch.Tensor, dim: int = -1) -> Call:
     return lambda sdk: sdk.npu_swiglu(x, dim=dim)
+
+
+def geglu(x: torch.Tensor, dim: int = -1, approximate: int = 1) -> Call:
+    return lambda sdk: sdk.npu_geglu(x, dim=dim, approximate=approximate, activate_left=True)
+
+
+def gelu(x: torch.Tensor, approximate: str = "tanh") -> Call:
+    return lambda sdk: sdk.npu_gelu(x, approximate=approximate)
+
+
+def fast_gelu(x: torch.Tensor) -> Call:
+    return lambda sdk: sdk.npu_fast_gelu(x)
 
 
 def rms_norm(x: torch.Tensor, gamma: torch.Tensor) -> Call:
@@ -41,32 +54,44 @@ def mrope(
     cache: torch.Tensor | None = None,
     head_size: int = 32,
     mode: str = "half",
+    section: list[int] | None = None,
 ) -> Call:
     """A valid call (3 tokens, 4 q heads, 2 kv heads, head size 32) with parts replaced."""
     positions = torch.tensor([0, 5, 2]) if positions is None else positions
+    section = [0, 0, 0] if section is None else section
     query = t(3, 4 * 32) if query is None else query
     key = t(query.shape[0], 2 * 32, dtype=query.dtype)
     cache = t(8, 32, dtype=query.dtype) if cache is None else cache
     return lambda sdk: sdk.npu_mrope(
-        positions, query, key, cache, head_size, mrope_section=[0, 0, 0], rotary_mode=mode
+        positions, query, key, cache, head_size, mrope_section=section, rotary_mode=mode
     )
 
 
 VALID: list[Call] = [
     swiglu(t(3, 16)),
     swiglu(t(2, 6, 4), dim=1),
+    geglu(t(3, 16)),
+    geglu(t(3, 32)[:, ::2], approximate=0),  # strided input: documented as supported
+    geglu(t(2, 6, 4), dim=1),
+    gelu(t(3, 16)),
+    gelu(t(3, 32)[:, ::2], approximate="none"),
+    fast_gelu(t(3, 16, dtype=torch.bfloat16)),
     rms_norm(t(3, 16), t(16)),
     add_rms_norm(t(3, 16), t(3, 16), t(16)),
     mrope(),
     mrope(mode="interleave"),
     mrope(query=t(3, 64, dtype=torch.float32), cache=t(8, 16, dtype=torch.float32), head_size=16),
     mrope(query=t(3, 4 * 64), cache=t(8, 32), head_size=64),  # partial rotary
+    mrope(positions=torch.randint(0, 8, (3, 3)), section=[4, 6, 6]),  # mrope: [3, tokens]
 ]
 
 REJECTED: dict[Constraint, Call] = {
     D.SWIGLU_CONTIGUOUS: swiglu(t(3, 32)[:, ::2]),
     D.SWIGLU_NOT_EMPTY: swiglu(t(0, 16)),
     D.SWIGLU_SHAPE: swiglu(t(3, 15)),
+    D.GEGLU_OPERANDS: geglu(t(3, 15)),
+    D.GELU_OPERANDS: gelu(t(3, 16), approximate="erf"),
+    D.FAST_GELU_OPERANDS: fast_gelu(torch.randn(3, 16, dtype=torch.float64)),
     D.RMS_NORM_OPERANDS: rms_norm(t(3, 16), t(16, dtype=torch.float32)),
     D.ADD_RMS_NORM_PAIR: add_rms_norm(t(3, 16), t(2, 16), t(16)),
     D.ADD_RMS_NORM_NOT_EMPTY: add_rms_norm(t(0, 16), t(0, 16), t(16)),
@@ -97,3 +122,24 @@ def test_return_conventions() -> None:
     query, key = rotated
     assert (query.shape, key.shape) == ((3, 128), (3, 64))
     assert sdk.called == ["npu_swiglu", "npu_rms_norm", "npu_add_rms_norm", "npu_mrope"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        mrope(positions=torch.randint(0, 8, (3, 3)), section=[4, 6, 5]),  # 15 lanes, not 16
+        mrope(section=[4, 6, 6]),  # [tokens] positions take no sections
+    ],
+)
+def test_mrope_sections_must_match_the_positions(call: Call) -> None:
+    """[3, tokens] positions need sections covering rotary_dim // 2 lanes; [tokens] none."""
+    with pytest.raises(ConstraintViolation) as info:
+        call(TorchNpuDouble())
+    assert info.value.constraint is D.MROPE_POSITIONS
+
+
+def test_geglu_returns_the_product_and_the_gelu() -> None:
+    x = t(3, 16)
+    y, gelu = TorchNpuDouble().npu_geglu(x, dim=-1, approximate=1, activate_left=True)
+    assert (y.shape, gelu.shape) == ((3, 8), (3, 8))
+    torch.testing.assert_close(y.float(), gelu.float() * x[:, 8:].float(), atol=1e-2, rtol=1e-2)

@@ -3,8 +3,10 @@
 Not the real SDK (which must never be installed here: without CANN it breaks ``import torch``).
 It stands in for ``torch_npu`` in ``sys.modules`` with the operators SGLang's ``forward_npu``
 methods call, their argument order and return tuples: ``npu_swiglu`` -> ``y``,
+``npu_geglu`` -> ``(y, gelu)``, ``npu_gelu`` -> ``y``, ``npu_fast_gelu`` -> ``y``,
 ``npu_rms_norm`` -> ``(y, rstd)``, ``npu_add_rms_norm`` -> ``(y, rstd, x1 + x2)``,
-``npu_mrope`` -> ``(query, key)``, and ``npu.device_count()``. Every operator returns new
+``npu_mrope`` -> ``(query, key)`` (plain rope with ``[tokens]`` positions, mrope sections with
+``[3, tokens]``), and ``npu.device_count()``. Every operator returns new
 tensors and never writes its inputs. Every precondition the torch_npu API reference documents
 for them is a :class:`~sglang_fl.testing.doubles.Constraint` naming that page; a call the real
 operator would reject raises :class:`~sglang_fl.testing.doubles.ConstraintViolation`. Each call
@@ -50,6 +52,37 @@ class TorchNpuDouble(SdkDouble):
         ),
     )
 
+    # -- npu_geglu(self, dim=-1, approximate=1, activate_left=False) -> (y, gelu) -------------
+    # Its page says non-contiguous input is supported: no contiguity constraint.
+    GEGLU_OPERANDS = Constraint(
+        "npu_geglu",
+        "float32/float16/bfloat16 input, dim in [-input.dim(), input.dim() - 1], approximate 0 "
+        "(none) or 1 (tanh), the split dim halved into the outputs (even size)",
+        API_DOC.format(
+            "torch_npu.npu_geglu",
+            "数据类型支持FLOAT32、FLOAT16、BFLOAT16; approximate 0表示使用none, 1表示使用tanh; "
+            "out在dim维的size等于self在dim维size的1/2",
+        ),
+    )
+
+    # -- npu_gelu(input, approximate='none') -> Tensor ---------------------------------------
+    GELU_OPERANDS = Constraint(
+        "npu_gelu",
+        "float32/float16/bfloat16 input of at most 8 dims, approximate 'none' or 'tanh'",
+        API_DOC.format(
+            "torch_npu.npu_gelu",
+            "输入最大支持8维; 数据类型支持FLOAT32、FLOAT16、BFLOAT16; approximate 可配置为"
+            "'none'或者'tanh'",
+        ),
+    )
+
+    # -- npu_fast_gelu(input) -> Tensor ------------------------------------------------------
+    FAST_GELU_OPERANDS = Constraint(
+        "npu_fast_gelu",
+        "float32/float16/bfloat16 input",
+        API_DOC.format("torch_npu.npu_fast_gelu", "parameter description of input (dtypes)"),
+    )
+
     # -- npu_rms_norm(self, gamma, epsilon) -> (y, rstd); npu_add_rms_norm(x1, x2, gamma, eps) -
     RMS_NORM_OPERANDS = Constraint(
         "npu_rms_norm/npu_add_rms_norm",
@@ -75,9 +108,11 @@ class TorchNpuDouble(SdkDouble):
     #             rotary_mode) -> (query, key) -----------------------------------------------
     MROPE_POSITIONS = Constraint(
         "npu_mrope",
-        "int32/int64 positions of shape [num_tokens] (no mrope sections) and as many query/key "
-        "rows",
-        API_DOC.format("torch_npu.npu_mrope", "parameter description of positions"),
+        "int32/int64 positions of shape [num_tokens] with no mrope sections, or [3, num_tokens] "
+        "with 3 sections summing to rotary_dim // 2, and as many query/key rows",
+        API_DOC.format(
+            "torch_npu.npu_mrope", "parameter description of positions and mrope_section"
+        ),
     )
     MROPE_OPERANDS = Constraint(
         "npu_mrope",
@@ -106,6 +141,45 @@ class TorchNpuDouble(SdkDouble):
         )
         a, b = input.chunk(2, dim=dim)
         return (F.silu(a.float()) * b.float()).to(input.dtype)
+
+    def npu_geglu(
+        self, input: torch.Tensor, dim: int = -1, approximate: int = 1, activate_left: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gelu(a) * b, gelu(a))`` for halves ``a, b`` of ``dim`` (``activate_left=False``
+        gates the right half); ``approximate`` 0 is erf, 1 tanh."""
+        self.record(
+            "npu_geglu", input, dim=dim, approximate=approximate, activate_left=activate_left
+        )
+        rank = max(input.dim(), 1)
+        self.GEGLU_OPERANDS.check(
+            input.dtype in FLOATS
+            and -rank <= dim < rank
+            and approximate in (0, 1)
+            and input.dim() > 0
+            and input.shape[dim] % 2 == 0,
+            f"{tuple(input.shape)} {input.dtype}, dim {dim}, approximate {approximate!r}",
+        )
+        left, right = input.chunk(2, dim=dim)
+        gate, value = (left, right) if activate_left else (right, left)
+        gelu = F.gelu(gate.float(), approximate="tanh" if approximate else "none")
+        return (gelu * value.float()).to(input.dtype), gelu.to(input.dtype)
+
+    def npu_gelu(self, input: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+        self.record("npu_gelu", input, approximate=approximate)
+        self.GELU_OPERANDS.check(
+            input.dtype in FLOATS and input.dim() <= 8 and approximate in ("none", "tanh"),
+            f"{tuple(input.shape)} {input.dtype}, approximate {approximate!r}",
+        )
+        return F.gelu(input.float(), approximate=approximate).to(input.dtype)
+
+    def npu_fast_gelu(self, input: torch.Tensor) -> torch.Tensor:
+        """``x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|))``, its documented formula."""
+        self.record("npu_fast_gelu", input)
+        self.FAST_GELU_OPERANDS.check(input.dtype in FLOATS, f"{input.dtype}")
+        x = input.float()
+        return (x / (1 + torch.exp(-1.702 * x.abs())) * torch.exp(0.851 * (x - x.abs()))).to(
+            input.dtype
+        )
 
     def npu_rms_norm(
         self, input: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
@@ -149,14 +223,21 @@ class TorchNpuDouble(SdkDouble):
             mrope_section=mrope_section,
             rotary_mode=rotary_mode,
         )
+        rotary_dim = cos_sin_cache.shape[-1]
+        plain = positions.dim() == 1 and mrope_section in (None, [0, 0, 0])
+        sectioned = (
+            positions.dim() == 2
+            and positions.shape[0] == 3
+            and mrope_section is not None
+            and len(mrope_section) == 3
+            and sum(mrope_section) == rotary_dim // 2
+        )
         self.MROPE_POSITIONS.check(
-            positions.dim() == 1
+            (plain or sectioned)
             and positions.dtype in (torch.int32, torch.int64)
-            and mrope_section in (None, [0, 0, 0])
-            and query.shape[0] == key.shape[0] == positions.shape[0],
+            and query.shape[0] == key.shape[0] == positions.shape[-1],
             f"positions {positions.dtype} {tuple(positions.shape)}, sections {mrope_section}",
         )
-        rotary_dim = cos_sin_cache.shape[-1]
         self.MROPE_OPERANDS.check(
             query.dim() == 2
             and key.dim() == 2
@@ -174,7 +255,16 @@ class TorchNpuDouble(SdkDouble):
             head_size % alignment == 0 and rotary_dim % alignment == 0,
             f"head_size {head_size}, rotary_dim {rotary_dim} in {query.dtype}",
         )
-        cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+        if sectioned:
+            # CANN aclnnRopeWithSinCosCache, mrope mode: axis i of positions [3, num_tokens]
+            # supplies lanes sum(section[:i]) .. sum(section[:i + 1]) of cos and sin.
+            assert mrope_section is not None
+            cos, sin = (
+                torch.cat([part[i] for i, part in enumerate(t.split(mrope_section, -1))], -1)
+                for t in (cos, sin)
+            )
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         neox = rotary_mode == "half"
         return (
             _rope(query, cos, sin, head_size, rotary_dim, neox),

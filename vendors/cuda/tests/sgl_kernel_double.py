@@ -1,5 +1,10 @@
 """A TEST DOUBLE of ``sgl_kernel`` (``sglang-kernel`` 0.4.x): its kernels in PyTorch, on the CPU.
 
+Kernels: the act-and-mul kernels (``silu_and_mul``, ``gelu_and_mul``, ``gelu_tanh_and_mul``,
+which share one wrapper check and one CUDA template), the RMS norms (``rmsnorm``,
+``fused_add_rmsnorm``, and FlashInfer's Gemma variants ``gemma_rmsnorm``,
+``gemma_fused_add_rmsnorm``, which scale by ``1 + weight``) and ``rotary_embedding``.
+
 Not the real SDK. It stands in for ``sgl_kernel`` in ``sys.modules`` so the adapters can be
 checked here without a GPU: same function names, argument order, in-place writes and return
 values as the wheel's Python API (``sgl_kernel/elementwise.py`` of ``sglang-kernel`` 0.4.10,
@@ -14,6 +19,8 @@ Every call is recorded in :attr:`SglKernelDouble.calls`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +33,8 @@ WRAPPER = "sgl_kernel/elementwise.py (sglang-kernel 0.4.10)"
 LIBRARY = "TORCH_CHECK in sgl_kernel/sm90/common_ops.abi3.so (sglang-kernel 0.4.10)"
 NORM_CU = f"{LIBRARY}, csrc/elementwise/fused_add_rms_norm_kernel.cu and FlashInfer norm.cuh"
 POS_ENC = f"{LIBRARY}, csrc/elementwise/pos_enc.cu"
+ACT_AND_MUL = "silu_and_mul/gelu_and_mul/gelu_tanh_and_mul"
+NORMS = "rmsnorm/fused_add_rmsnorm/gemma_rmsnorm/gemma_fused_add_rmsnorm"
 EMPTY_GRID = (
     "fails: it launches one CUDA block per token, and a launch with 0 blocks is an invalid "
     "configuration (CUDA C++ Programming Guide, execution configuration)"
@@ -33,53 +42,54 @@ EMPTY_GRID = (
 
 
 class SglKernelDouble(SdkDouble):
-    """``sgl_kernel`` stand-in: ``silu_and_mul``, ``rmsnorm``, ``fused_add_rmsnorm``, rope."""
+    """``sgl_kernel`` stand-in: the act-and-mul kernels, the (Gemma) RMS norms, rope."""
 
-    # -- silu_and_mul(input, out=None) -> out -------------------------------------------------
-    SILU_ROW_BYTES = Constraint(
-        "silu_and_mul",
+    # -- silu_and_mul / gelu_and_mul / gelu_tanh_and_mul(input, out=None) -> out --------------
+    # One wrapper check each in elementwise.py and one template in activation.cu: shared rules.
+    ACT_ROW_BYTES = Constraint(
+        ACT_AND_MUL,
         "rows of a multiple of 16 bytes",
         f'{WRAPPER}: raise ValueError("The pointers must be multiple of 16 bytes.")',
         "raises ValueError",
     )
-    SILU_OUT_SHAPE = Constraint(
-        "silu_and_mul",
+    ACT_OUT_SHAPE = Constraint(
+        ACT_AND_MUL,
         "out of input's shape with the last dim halved",
         f"{WRAPPER}: _check_shape asserts",
         "raises AssertionError",
     )
-    SILU_DTYPE = Constraint(
-        "silu_and_mul",
+    ACT_DTYPE = Constraint(
+        ACT_AND_MUL,
         "float32/float16/bfloat16 input, and out in input's dtype",
         f"{LIBRARY}, csrc/elementwise/activation.cu: 'Check failed: t.dtype() == dtype'",
     )
-    SILU_CONTIGUOUS = Constraint(
-        "silu_and_mul",
+    ACT_CONTIGUOUS = Constraint(
+        ACT_AND_MUL,
         "contiguous input and out",
         "csrc/elementwise/activation.cu addresses token t's row at t * 2d (no strides)",
         "reads and writes the wrong elements",
     )
-    SILU_ALIGNED = Constraint(
-        "silu_and_mul",
+    ACT_ALIGNED = Constraint(
+        ACT_AND_MUL,
         "input and out starting at 16-byte aligned addresses",
         f"{LIBRARY}: 'Check failed: ((int64_t)t.data_ptr()) % 16 == 0'",
     )
-    SILU_TOKENS = Constraint("silu_and_mul", "at least one token", "activation.cu", EMPTY_GRID)
+    ACT_TOKENS = Constraint(ACT_AND_MUL, "at least one token", "activation.cu", EMPTY_GRID)
 
     # -- rmsnorm(input, weight, eps, out=None) -> out; fused_add_rmsnorm(...) -> None ---------
     NORM_SHAPES = Constraint(
-        "rmsnorm/fused_add_rmsnorm",
+        NORMS,
         "2-D input [batch, hidden] (and residual of the same shape), 1-D weight [hidden]",
         f"{NORM_CU}: 'input must be a 2D tensor', 'weight must be a 1D tensor', "
         "'CHECK_EQ(input.size(1), weight.size(0))'",
     )
     NORM_CONTIGUOUS = Constraint(
-        "rmsnorm/fused_add_rmsnorm",
+        NORMS,
         "contiguous input, residual and weight",
         f"{NORM_CU}: CHECK_INPUT ('residual must be contiguous', ...)",
     )
     NORM_DTYPE = Constraint(
-        "rmsnorm/fused_add_rmsnorm",
+        NORMS,
         "weight (and residual) in input's dtype",
         f"{NORM_CU}: the kernels read every operand as input's element type",
         "reads the weight's bytes as the wrong type",
@@ -91,12 +101,19 @@ class SglKernelDouble(SdkDouble):
         "fp16/bf16 only",
         "raises 'not implemented for Float'",
     )
+    GEMMA_HALF = Constraint(
+        "gemma_rmsnorm/gemma_fused_add_rmsnorm",
+        "float16 or bfloat16 input",
+        f"{WRAPPER}: gemma_rmsnorm/gemma_fused_add_rmsnorm call FlashInfer's kernels, "
+        "dispatched by DISPATCH_PYTORCH_DTYPE_TO_CTYPE_FP16 (FlashInfer csrc/norm.cu)",
+        "raises 'not implemented for Float'",
+    )
     FUSED_ADD_DTYPE = Constraint(
         "fused_add_rmsnorm",
         "float32, float16 or bfloat16 input",
         f"{NORM_CU}: sgl_fused_add_rmsnorm dispatches these three",
     )
-    NORM_TOKENS = Constraint("rmsnorm/fused_add_rmsnorm", "at least one row", NORM_CU, EMPTY_GRID)
+    NORM_TOKENS = Constraint(NORMS, "at least one row", NORM_CU, EMPTY_GRID)
 
     # -- rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -> None ---
     ROPE_POSITIONS = Constraint(
@@ -144,23 +161,17 @@ class SglKernelDouble(SdkDouble):
 
     def silu_and_mul(self, input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self.record("silu_and_mul", input, out)
-        self.SILU_ROW_BYTES.check(input.shape[-1] * input.dtype.itemsize % 16 == 0, _row(input))
-        d = input.shape[-1] // 2
-        if out is None:
-            out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
-        halved = (*input.shape[:-1], d)
-        self.SILU_OUT_SHAPE.check(tuple(out.shape) == halved, f"out {tuple(out.shape)}")
-        self.SILU_DTYPE.check(
-            input.dtype in FLOATS and out.dtype == input.dtype, f"{input.dtype} -> {out.dtype}"
-        )
-        self.SILU_CONTIGUOUS.check(
-            input.is_contiguous() and out.is_contiguous(), _strides(input=input, out=out)
-        )
-        self.SILU_ALIGNED.check(input.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
-        self.SILU_TOKENS.check(input.numel() > 0, f"input {tuple(input.shape)}")
-        # silu in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
-        out.copy_(F.silu(input[..., :d].float()).to(input.dtype) * input[..., d:])
-        return out
+        return self._act_and_mul(F.silu, input, out)
+
+    def gelu_and_mul(self, input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        self.record("gelu_and_mul", input, out)
+        return self._act_and_mul(F.gelu, input, out)
+
+    def gelu_tanh_and_mul(
+        self, input: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.record("gelu_tanh_and_mul", input, out)
+        return self._act_and_mul(lambda gate: F.gelu(gate, approximate="tanh"), input, out)
 
     def rmsnorm(
         self,
@@ -192,6 +203,37 @@ class SglKernelDouble(SdkDouble):
         total = input.float() + residual.float()
         residual.copy_(total)  # step 1: residual += input
         input.copy_(_normalise(total, weight, eps))  # step 2: input = norm(residual) * weight
+
+    def gemma_rmsnorm(
+        self,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        out: torch.Tensor | None = None,
+        enable_pdl: bool | None = None,
+    ) -> torch.Tensor:
+        self.record("gemma_rmsnorm", input, weight, eps, out)
+        self.GEMMA_HALF.check(input.dtype in HALF, str(input.dtype))
+        self._check_norm(input, weight)
+        if out is None:
+            out = torch.empty_like(input)
+        out.copy_(_normalise(input.float(), 1.0 + weight.float(), eps).to(input.dtype))
+        return out
+
+    def gemma_fused_add_rmsnorm(
+        self,
+        input: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        enable_pdl: bool | None = None,
+    ) -> None:
+        self.record("gemma_fused_add_rmsnorm", input, residual, weight, eps)
+        self.GEMMA_HALF.check(input.dtype in HALF, str(input.dtype))
+        self._check_norm(input, weight, residual)
+        total = input.float() + residual.float()
+        residual.copy_(total)  # step 1: residual += input
+        input.copy_(_normalise(total, 1.0 + weight.float(), eps))  # step 2, scale 1 + weight
 
     def rotary_embedding(
         self,
@@ -243,6 +285,31 @@ class SglKernelDouble(SdkDouble):
                 tensor.storage_offset(),
             )
             rotated.copy_(_rotate(rotated, cos, sin, is_neox))
+
+    def _act_and_mul(
+        self,
+        act: Callable[[torch.Tensor], torch.Tensor],
+        input: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The act-and-mul kernels' shared checks, then ``act(x[..., :d]) * x[..., d:]``."""
+        self.ACT_ROW_BYTES.check(input.shape[-1] * input.dtype.itemsize % 16 == 0, _row(input))
+        d = input.shape[-1] // 2
+        if out is None:
+            out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
+        halved = (*input.shape[:-1], d)
+        self.ACT_OUT_SHAPE.check(tuple(out.shape) == halved, f"out {tuple(out.shape)}")
+        self.ACT_DTYPE.check(
+            input.dtype in FLOATS and out.dtype == input.dtype, f"{input.dtype} -> {out.dtype}"
+        )
+        self.ACT_CONTIGUOUS.check(
+            input.is_contiguous() and out.is_contiguous(), _strides(input=input, out=out)
+        )
+        self.ACT_ALIGNED.check(input.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
+        self.ACT_TOKENS.check(input.numel() > 0, f"input {tuple(input.shape)}")
+        # act in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
+        out.copy_(act(input[..., :d].float()).to(input.dtype) * input[..., d:])
+        return out
 
     def _check_norm(
         self, input: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None

@@ -10,13 +10,14 @@ place, and what is declined or never launched.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 import pytest
 import torch
 from sgl_kernel_double import SglKernelDouble
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.impl.activation import silu_and_mul
-from sglang_fl_cuda.impl.normalization import rms_norm
+from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
+from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
 from sglang_fl_cuda.impl.rotary import rotary_embedding
 
 from sglang_fl import Unsupported
@@ -29,27 +30,40 @@ IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op
 CASES = [
     pytest.param(op, case, dtype, id=f"{op}/{case_id}")
     for op in STANDARD_OPS
+    if op in IMPLS
     for case, dtype, case_id in contract_grid(op)
 ]
 
 
+# The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
+# Triton, JIT or FlashInfer kernels, or a ROCm-only sgl_kernel build): nothing is registered.
+WITHOUT_KERNEL = {"gelu_new", "gelu_quick", "layer_norm", "mrotary_embedding", "clamp_position"}
+
+
+def test_ops_without_a_kernel_are_declared_with_a_reason() -> None:
+    declared = {op: REGISTRY.no_kernel(op) for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
+    assert set(declared) == WITHOUT_KERNEL
+    assert all(len(gaps) == 1 and gaps[0].reason for gaps in declared.values())
+    assert "ROCm" in REGISTRY.no_kernel("gelu_quick")[0].reason
+
+
 def declined(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> bool:
-    """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm has no fp32 path
-    (an empty batch needs no kernel, so it is served)."""
-    return (
-        op == "rms_norm"
-        and not case_params["residual"]
-        and dtype == torch.float32
-        and case_params["tokens"] != 0
-    )
+    """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm and the FlashInfer
+    Gemma norms have no fp32 path (an empty batch needs no kernel, so it is served)."""
+    if dtype != torch.float32 or case_params["tokens"] == 0:
+        return False
+    return op == "gemma_rms_norm" or (op == "rms_norm" and not case_params["residual"])
 
 
-def test_registers_every_standard_op_as_the_adapter_itself() -> None:
+def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
     assert {op: impl.fn for op, impl in IMPLS.items()} == {
         "silu_and_mul": silu_and_mul,
         "rms_norm": rms_norm,
         "rotary_embedding": rotary_embedding,
+        "gelu_and_mul": gelu_and_mul,
+        "gemma_rms_norm": gemma_rms_norm,
     }
+    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id) == ("cuda", "vendor.cuda")
@@ -252,3 +266,78 @@ def test_rms_norm_packs_a_strided_weight(sgl_kernel: SglKernelDouble) -> None:
     ((_, (_, _, weight, _), _),) = sgl_kernel.calls
     assert weight.is_contiguous()
     assert torch.equal(weight, layer.weight)
+
+
+# --- gelu_and_mul ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("approximate", "kernel"), [("none", "gelu_and_mul"), ("tanh", "gelu_tanh_and_mul")]
+)
+def test_gelu_and_mul_picks_the_kernel_of_the_layer_approximation(
+    sgl_kernel: SglKernelDouble, approximate: str, kernel: str
+) -> None:
+    x = rows(3, 64)
+    out = gelu_and_mul(SimpleNamespace(approximate=approximate), x)
+    ((name, (kernel_in, kernel_out), _),) = sgl_kernel.calls
+    assert name == kernel
+    assert kernel_in is x
+    assert kernel_out is out
+    assert out.shape == (3, 32)
+
+
+def test_gelu_and_mul_rejects_an_unknown_approximation(sgl_kernel: SglKernelDouble) -> None:
+    with pytest.raises(ValueError, match="'sigmoid'; allowed: 'none', 'tanh'"):
+        gelu_and_mul(SimpleNamespace(approximate="sigmoid"), rows(3, 64))
+    assert sgl_kernel.calls == []
+
+
+def test_gelu_and_mul_declines_unaligned_rows_before_calling(sgl_kernel: SglKernelDouble) -> None:
+    with pytest.raises(Unsupported, match=r"sgl_kernel\.gelu_tanh_and_mul needs rows"):
+        gelu_and_mul(SimpleNamespace(approximate="tanh"), rows(2, 6, torch.float16))
+    assert sgl_kernel.calls == []
+
+
+def test_empty_batches_launch_no_kernel(sgl_kernel: SglKernelDouble) -> None:
+    out = gelu_and_mul(SimpleNamespace(approximate="tanh"), rows(0, 64))
+    assert out.shape == (0, 32)
+    norm_out = gemma_rms_norm(norm_layer(16), rows(0, 16))
+    assert norm_out.shape == (0, 16)
+    assert sgl_kernel.calls == []
+
+
+# --- gemma_rms_norm --------------------------------------------------------------------------
+
+
+def test_gemma_rms_norm_passes_the_raw_weight(sgl_kernel: SglKernelDouble) -> None:
+    """The kernel adds the 1 itself: the adapter hands it the checkpoint's offset as is."""
+    layer, x = norm_layer(16), rows(4, 16)
+    gemma_rms_norm(layer, x)
+    ((name, (kernel_x, weight, eps, _), _),) = sgl_kernel.calls
+    assert name == "gemma_rmsnorm"
+    assert kernel_x is x
+    assert torch.equal(weight, layer.weight)
+    assert eps == 1e-5
+
+
+def test_gemma_rms_norm_with_residual_is_fused_in_place(sgl_kernel: SglKernelDouble) -> None:
+    layer, x, residual = norm_layer(16), rows(4, 16), rows(4, 16) * 2
+    total = (x.float() + residual.float()).to(torch.bfloat16)
+    out, new_residual = gemma_rms_norm(layer, x, residual)
+    ((name, (kernel_x, kernel_residual, _, _), _),) = sgl_kernel.calls
+    assert name == "gemma_fused_add_rmsnorm"
+    assert kernel_x is x
+    assert kernel_residual is residual
+    assert out is x
+    assert new_residual is residual
+    torch.testing.assert_close(new_residual, total)
+
+
+def test_gemma_rms_norm_declines_float32_before_writing(sgl_kernel: SglKernelDouble) -> None:
+    x, residual = rows(4, 16, torch.float32), rows(4, 16, torch.float32)
+    before = (x.clone(), residual.clone())
+    with pytest.raises(Unsupported, match=r"Gemma norms have no torch\.float32 kernel"):
+        gemma_rms_norm(norm_layer(16, torch.float32), x, residual)
+    assert sgl_kernel.calls == []
+    assert torch.equal(x, before[0])
+    assert torch.equal(residual, before[1])

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sglang_fl_cuda
 import torch
+from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
 
@@ -79,6 +80,11 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
     assert set(decisions) == set(STANDARD_OPS)
     for op, decision in decisions.items():
         assert decision["chosen"] == f"reference.{op}"
+        if op in NO_KERNEL:  # no candidate, and `ops` says why
+            assert not [c for c in decision["candidates"] if c["plugin"] == "cuda"]
+            (gap,) = decision["no_kernel"]
+            assert (gap["plugin"], gap["reason"]) == ("cuda", NO_KERNEL[op])
+            continue
         mine = cuda_candidate(decision)
         assert mine["impl_id"] == "vendor.cuda"
         assert mine["distribution"] == "sglang-fl-cuda"
@@ -158,6 +164,9 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
 """
     )
     for op, decision in found["decisions"].items():
+        if op in NO_KERNEL:
+            assert decision["chosen"] == f"reference.{op}"
+            continue
         assert decision["chosen"] == "vendor.cuda", op
         assert cuda_candidate(decision)["availability_reason"] == (
             "sgl_kernel 0.0.0+double imported; 1 CUDA device"

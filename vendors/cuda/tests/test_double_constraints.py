@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from sgl_kernel_double import SglKernelDouble
 
-from sglang_fl.testing.doubles import Constraint, constraint_tests
+from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
 
 D = SglKernelDouble
 Call = Callable[[SglKernelDouble], object]
@@ -23,8 +24,21 @@ def t(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     return torch.randn(*shape).to(dtype)
 
 
+ACT_AND_MUL_KERNELS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+
+
+def act(x: torch.Tensor, out: torch.Tensor | None = None, kernel: str = "silu_and_mul") -> Call:
+    return lambda sdk: getattr(sdk, kernel)(x, out)
+
+
 def silu(x: torch.Tensor, out: torch.Tensor | None = None) -> Call:
-    return lambda sdk: sdk.silu_and_mul(x, out)
+    return act(x, out)
+
+
+def gemma(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> Call:
+    if residual is None:
+        return lambda sdk: sdk.gemma_rmsnorm(x, weight, 1e-6)
+    return lambda sdk: sdk.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> Call:
@@ -52,23 +66,30 @@ def rope(
 VALID: list[Call] = [
     silu(t(3, 16)),
     silu(t(3, 16), torch.empty(3, 8, dtype=torch.float16)),
+    act(t(3, 16), kernel="gelu_and_mul"),
+    act(t(3, 16, dtype=torch.bfloat16), kernel="gelu_tanh_and_mul"),
     rmsnorm(t(3, 16), t(16)),
+    gemma(t(3, 16), t(16)),
+    gemma(t(3, 16, dtype=torch.bfloat16), t(16, dtype=torch.bfloat16), t(3, 16).bfloat16()),
     fused(t(3, 16), t(3, 16), t(16)),
     fused(t(3, 16, dtype=torch.float32), t(3, 16, dtype=torch.float32), t(16, dtype=torch.float32)),
     rope(),
 ]
 
 REJECTED: dict[Constraint, Call] = {
-    D.SILU_ROW_BYTES: silu(t(3, 6)),  # 12 bytes per row
-    D.SILU_OUT_SHAPE: silu(t(3, 16), torch.empty(3, 16, dtype=torch.float16)),
-    D.SILU_DTYPE: silu(t(3, 16), torch.empty(3, 8, dtype=torch.bfloat16)),
-    D.SILU_CONTIGUOUS: silu(t(3, 32)[:, ::2]),
-    D.SILU_ALIGNED: silu(t(1, 24).flatten()[4:20].view(1, 16)),  # starts 8 bytes in
-    D.SILU_TOKENS: silu(t(0, 16)),
+    D.ACT_ROW_BYTES: silu(t(3, 6)),  # 12 bytes per row
+    D.ACT_OUT_SHAPE: silu(t(3, 16), torch.empty(3, 16, dtype=torch.float16)),
+    D.ACT_DTYPE: silu(t(3, 16), torch.empty(3, 8, dtype=torch.bfloat16)),
+    D.ACT_CONTIGUOUS: silu(t(3, 32)[:, ::2]),
+    D.ACT_ALIGNED: silu(t(1, 24).flatten()[4:20].view(1, 16)),  # starts 8 bytes in
+    D.ACT_TOKENS: silu(t(0, 16)),
     D.NORM_SHAPES: rmsnorm(t(2, 3, 16), t(16)),
     D.NORM_CONTIGUOUS: fused(t(3, 16), t(3, 16), t(32)[::2]),  # a strided weight
     D.NORM_DTYPE: rmsnorm(t(3, 16), t(16, dtype=torch.float32)),
     D.RMSNORM_HALF: rmsnorm(t(3, 16, dtype=torch.float32), t(16, dtype=torch.float32)),
+    D.GEMMA_HALF: gemma(
+        t(3, 16, dtype=torch.float32), t(16, dtype=torch.float32), t(3, 16, dtype=torch.float32)
+    ),
     D.FUSED_ADD_DTYPE: fused(
         t(3, 16, dtype=torch.float64), t(3, 16, dtype=torch.float64), t(16, dtype=torch.float64)
     ),
@@ -88,6 +109,67 @@ REJECTED: dict[Constraint, Call] = {
 test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_is_covered = (
     constraint_tests(SglKernelDouble, VALID, REJECTED)
 )
+
+# The rejecting calls of the act-and-mul rules, for every kernel that shares them.
+ACT_REJECTED: dict[Constraint, Callable[[str], Call]] = {
+    D.ACT_ROW_BYTES: lambda k: act(t(3, 6), kernel=k),
+    D.ACT_OUT_SHAPE: lambda k: act(t(3, 16), torch.empty(3, 16, dtype=torch.float16), k),
+    D.ACT_DTYPE: lambda k: act(t(3, 16), torch.empty(3, 8, dtype=torch.bfloat16), k),
+    D.ACT_CONTIGUOUS: lambda k: act(t(3, 32)[:, ::2], kernel=k),
+    D.ACT_ALIGNED: lambda k: act(t(1, 24).flatten()[4:20].view(1, 16), kernel=k),
+    D.ACT_TOKENS: lambda k: act(t(0, 16), kernel=k),
+}
+# ... and of the norm rules, for both Gemma kernels.
+GEMMA_REJECTED: dict[Constraint, list[Call]] = {
+    D.NORM_SHAPES: [gemma(t(2, 3, 16), t(16)), gemma(t(3, 16), t(16), t(2, 16))],
+    D.NORM_CONTIGUOUS: [gemma(t(3, 16), t(32)[::2]), gemma(t(3, 16), t(16), t(3, 32)[:, ::2])],
+    D.NORM_DTYPE: [gemma(t(3, 16), t(16).bfloat16()), gemma(t(3, 16), t(16), t(3, 16).bfloat16())],
+    D.NORM_TOKENS: [gemma(t(0, 16), t(16)), gemma(t(0, 16), t(16), t(0, 16))],
+    D.GEMMA_HALF: [gemma(t(3, 16, dtype=torch.float32), t(16, dtype=torch.float32))],
+}
+
+
+def assert_rejects(constraint: Constraint, call: Call) -> None:
+    with pytest.raises(ConstraintViolation) as info:
+        call(SglKernelDouble())
+    assert info.value.constraint is constraint, str(info.value)
+
+
+@pytest.mark.parametrize("kernel", ACT_AND_MUL_KERNELS)
+@pytest.mark.parametrize("constraint", list(ACT_REJECTED), ids=lambda c: c.rule)
+def test_every_act_and_mul_kernel_rejects_what_the_sdk_rejects(
+    kernel: str, constraint: Constraint
+) -> None:
+    assert_rejects(constraint, ACT_REJECTED[constraint](kernel))
+
+
+@pytest.mark.parametrize(
+    ("constraint", "call"),
+    [(c, call) for c, calls in GEMMA_REJECTED.items() for call in calls],
+    ids=lambda value: value.rule if isinstance(value, Constraint) else "",
+)
+def test_gemma_kernels_reject_what_the_sdk_rejects(constraint: Constraint, call: Call) -> None:
+    assert_rejects(constraint, call)
+
+
+def test_gelu_kernels_compute_erf_and_tanh_gelu() -> None:
+    sdk, x = SglKernelDouble(), t(3, 16, dtype=torch.float32)
+    gate, value = x[:, :8], x[:, 8:]
+    exact = torch.nn.functional.gelu(gate) * value
+    tanh = torch.nn.functional.gelu(gate, approximate="tanh") * value
+    torch.testing.assert_close(sdk.gelu_and_mul(x), exact)
+    torch.testing.assert_close(sdk.gelu_tanh_and_mul(x), tanh)
+
+
+def test_gemma_kernels_scale_by_one_plus_weight() -> None:
+    sdk, x, weight = SglKernelDouble(), t(3, 16, dtype=torch.bfloat16), t(16) * 0.1
+    weight = weight.bfloat16()
+    plain = sdk.rmsnorm(x, (1.0 + weight.float()).bfloat16())
+    torch.testing.assert_close(sdk.gemma_rmsnorm(x, weight), plain, atol=2e-2, rtol=2e-2)
+    residual = t(3, 16).bfloat16()
+    total = (x.float() + residual.float()).bfloat16()
+    assert sdk.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6) is None  # in place
+    torch.testing.assert_close(residual, total)
 
 
 def test_return_conventions() -> None:

@@ -8,7 +8,18 @@ from sglang_fl import get_runtime
 from sglang_fl.dispatch.types import Availability
 
 # What plugin.py registers: keep it in step when you add or drop an op.
-REGISTERED_OPS = {"silu_and_mul", "rms_norm", "rotary_embedding"}
+REGISTERED_OPS = {
+    "silu_and_mul",
+    "rms_norm",
+    "rotary_embedding",
+    "gelu_and_mul",
+    "gelu_new",
+    "gelu_quick",
+    "gemma_rms_norm",
+    "layer_norm",
+    "mrotary_embedding",
+    "clamp_position",
+}
 
 
 def test_entry_point_loads_and_registers_the_ops() -> None:

@@ -5,15 +5,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..errors import RegistrationError, UnknownOpError
 from ..ops import STANDARD_OPS, unknown_op_message
 from .types import BackendImplKind, OpImpl, Provenance
 
-__all__ = ["DIRECT_PROVENANCE", "OpRegistry"]
+__all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry"]
 
 # Provenance of registrations made outside a plugin load (a test, an interactive session).
 DIRECT_PROVENANCE = Provenance(plugin="<direct>", distribution="<none>", version="")
+
+
+@dataclass(frozen=True)
+class NoKernel:
+    """A plugin's statement that it has no kernel for an op, and why (``sglang-fl ops`` shows
+    it, so a user sees why a vendor is absent from an op's candidates)."""
+
+    op_name: str
+    reason: str
+    provenance: Provenance
 
 
 class OpRegistry:
@@ -30,6 +41,8 @@ class OpRegistry:
         self._scope: Provenance | None = None
         self._staged: list[OpImpl] = []
         self._refusals: list[str] = []
+        self._no_kernel: dict[str, list[NoKernel]] = {name: [] for name in STANDARD_OPS}
+        self._staged_no_kernel: list[NoKernel] = []
 
     # -- plugin-facing API --------------------------------------------------------------------
 
@@ -53,6 +66,25 @@ class OpRegistry:
         for impl in impls:
             self.register(impl)
 
+    def declare_no_kernel(self, op_name: str, reason: str) -> None:
+        """Say why this plugin registers nothing for ``op_name``; staged like a registration."""
+        with self._lock:
+            provenance = self._scope or DIRECT_PROVENANCE
+            who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
+            problem = None
+            if op_name not in STANDARD_OPS:
+                problem = f"{who} declared no kernel for {unknown_op_message(op_name)}"
+            elif not isinstance(reason, str) or not reason.strip():
+                problem = f"{who} declared no kernel for {op_name!r} without a reason"
+            if problem is not None:
+                self._refusals.append(problem)  # fails the plugin even if it is caught
+                raise RegistrationError(problem)
+            gap = NoKernel(op_name, reason, provenance)
+            if self._scope is None:
+                self._no_kernel[op_name].append(gap)
+            else:
+                self._staged_no_kernel.append(gap)
+
     # -- queries ------------------------------------------------------------------------------
 
     def implementations(self, op_name: str) -> tuple[OpImpl, ...]:
@@ -64,6 +96,13 @@ class OpRegistry:
             if op_name not in self._impls:
                 raise UnknownOpError(unknown_op_message(op_name))
             return tuple(self._impls[op_name])
+
+    def no_kernel(self, op_name: str) -> tuple[NoKernel, ...]:
+        """The plugins' statements that they have no kernel for ``op_name``."""
+        with self._lock:
+            if op_name not in self._no_kernel:
+                raise KeyError(unknown_op_message(op_name))
+            return tuple(self._no_kernel[op_name])
 
     def ops(self) -> tuple[str, ...]:
         return tuple(self._impls)
@@ -86,14 +125,18 @@ class OpRegistry:
             if self._scope is not None:
                 raise RuntimeError(f"plugin scope for {self._scope} is still open")
             self._scope, self._staged, self._refusals = provenance, [], []
+            self._staged_no_kernel = []
             try:
                 yield
                 if self._refusals:
                     # The plugin caught our error and carried on: still all or nothing.
                     raise RegistrationError("; ".join(self._refusals))
                 self._commit(self._staged)
+                for gap in self._staged_no_kernel:
+                    self._no_kernel[gap.op_name].append(gap)
             finally:
                 self._scope, self._staged, self._refusals = None, [], []
+                self._staged_no_kernel = []
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import UnknownOpError
+from .clamp_position import CONTRACT as CLAMP_POSITION
 from .contract import OpCase, OpContract, OpInputs, Tolerance
+from .gelu_and_mul import CONTRACT as GELU_AND_MUL
+from .gelu_new import CONTRACT as GELU_NEW
+from .gelu_quick import CONTRACT as GELU_QUICK
+from .gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
+from .layer_norm import CONTRACT as LAYER_NORM
+from .mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
 from .rms_norm import CONTRACT as RMS_NORM
 from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
 from .silu_and_mul import CONTRACT as SILU_AND_MUL
@@ -23,7 +30,21 @@ __all__ = [
 ]
 
 STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
-    {c.name: c for c in (SILU_AND_MUL, RMS_NORM, ROTARY_EMBEDDING)}
+    {
+        c.name: c
+        for c in (
+            SILU_AND_MUL,
+            RMS_NORM,
+            ROTARY_EMBEDDING,
+            GELU_AND_MUL,
+            GELU_NEW,
+            GELU_QUICK,
+            GEMMA_RMS_NORM,
+            LAYER_NORM,
+            MROTARY_EMBEDDING,
+            CLAMP_POSITION,
+        )
+    }
 )
 
 

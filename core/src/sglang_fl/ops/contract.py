@@ -159,6 +159,10 @@ STANDARD_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 }
 STANDARD_DTYPES: tuple[torch.dtype, ...] = tuple(STANDARD_TOLERANCES)
 
+# Token counts the newer contracts cover: an empty batch (a decode step with no request of this
+# kind, a rank without tokens), one token (decode), and a few odd-sized prefills.
+TOKEN_COUNTS: tuple[int, ...] = (0, 1, 7, 33)
+
 
 def random_tensor(
     shape: tuple[int, ...],

@@ -45,9 +45,10 @@ def _signature(
     raise NotImplementedError
 
 
-def _rotate(
+def rotate(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> torch.Tensor:
+    """SGLang's ``apply_rotary_emb`` arithmetic on ``x`` ``[..., rotary_dim]``, in x's dtype."""
     if interleaved:
         x1, x2 = x[..., ::2], x[..., 1::2]
     else:
@@ -72,8 +73,8 @@ def reference(
     """Same math as ``RotaryEmbedding.forward_native`` (``apply_rotary_emb``), in query dtype."""
     cos = cos.index_select(0, position_ids).unsqueeze(-2).to(query.dtype)
     sin = sin.index_select(0, position_ids).unsqueeze(-2).to(query.dtype)
-    query_out = _rotate(query, cos, sin, rotary_interleaved)
-    key_out = _rotate(key, cos, sin, rotary_interleaved)
+    query_out = rotate(query, cos, sin, rotary_interleaved)
+    key_out = rotate(key, cos, sin, rotary_interleaved)
     if not inplace:
         return query_out, key_out
     query.copy_(query_out)

@@ -65,8 +65,9 @@ __all__ = [
     "summary",
 ]
 
+# Every dtype some contract covers (float ones, and the index dtypes of clamp_position).
 DTYPES: dict[str, torch.dtype] = {
-    dtype_name(d): d for d in (torch.float32, torch.float16, torch.bfloat16)
+    dtype_name(d): d for contract in STANDARD_OPS.values() for d in contract.dtypes
 }
 
 
@@ -108,21 +109,24 @@ def run_cases(
     """Check (and, for ``repeat`` > 0, time) every case of ``ops`` in ``dtypes`` on ``device``.
 
     ``ops`` defaults to those the vendor implements (a requested op it does not implement is a
-    failed row), ``dtypes`` to :data:`DTYPES`, ``device`` to the target's.
+    failed row), ``dtypes`` to each op's contract dtypes (a requested dtype an op's contract
+    does not cover is left out for that op), ``device`` to the target's.
     """
     registry = registered_by(target.register)
     if ops is None:
         ops = [op for op in STANDARD_OPS if registry.implementations(op)]
-    dtypes, device = dtypes or tuple(DTYPES.values()), device or target.device
+    device = device or target.device
     rows: list[Row] = []
     for op in ops:
         impls = registry.implementations(op)
         if not impls:
             message = f"{target.title} registers no implementation of op {op!r}"
             rows.append(Row(op, "-", "-", FAILED, message=message))
+        contract = STANDARD_OPS[op]
+        op_dtypes = [d for d in dtypes or contract.dtypes if d in contract.dtypes]
         for impl in impls:
-            for dtype in dtypes:
-                for case in STANDARD_OPS[op].cases:
+            for dtype in op_dtypes:
+                for case in contract.cases:
                     rows.append(_case_row(target, impl, case, dtype, device, repeat))
     return rows
 
@@ -273,22 +277,69 @@ def _seconds_per_call(
 
 def _sglang_layer_call(method: str, op: str, inputs: OpInputs) -> Callable[[], object] | None:
     """SGLang's layer for the case, its ``method`` bound to the case's tensors; None without
-    SGLang (imported here only, never at import of this module)."""
+    SGLang (imported here only, never at import of this module) or a layer for ``op``."""
     try:
-        from sglang.srt.layers.activation import SiluAndMul
-        from sglang.srt.layers.layernorm import RMSNorm
-        from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+        return _SGLANG_LAYERS[op](method, inputs)
     except ImportError:
         return None
-    obj, args = inputs.obj, inputs.args
-    if op == "silu_and_mul":
-        forward = getattr(SiluAndMul(), method)
-        return lambda: forward(args[0])
-    if op == "rms_norm":
-        norm = RMSNorm(obj.hidden_size, eps=obj.variance_epsilon).to(args[0].device)
+
+
+def _gelu_and_mul(method: str, inputs: OpInputs) -> Callable[[], object]:
+    from sglang.srt.layers.activation import GeluAndMul
+
+    forward, (x,) = getattr(GeluAndMul(inputs.obj.approximate), method), inputs.args
+    return lambda: forward(x)
+
+
+def _elementwise(class_name: str) -> Callable[[str, OpInputs], Callable[[], object]]:
+    """An activation layer without options: ``SiluAndMul``, ``NewGELU``, ``QuickGELU``."""
+
+    def build(method: str, inputs: OpInputs) -> Callable[[], object]:
+        from sglang.srt.layers import activation
+
+        forward, (x,) = getattr(getattr(activation, class_name)(), method), inputs.args
+        return lambda: forward(x)
+
+    return build
+
+
+def _norm(class_name: str) -> Callable[[str, OpInputs], Callable[[], object]]:
+    """RMSNorm / GemmaRMSNorm over the case's weight and epsilon."""
+
+    def build(method: str, inputs: OpInputs) -> Callable[[], object]:
+        from sglang.srt.layers import layernorm
+
+        obj, args = inputs.obj, inputs.args
+        hidden = obj.weight.shape[0]
+        norm = getattr(layernorm, class_name)(hidden, eps=obj.variance_epsilon)
+        norm = norm.to(args[0].device)
         norm.weight.data = obj.weight
         forward = getattr(norm, method)
         return lambda: forward(*args)
+
+    return build
+
+
+def _layer_norm(method: str, inputs: OpInputs) -> Callable[[], object]:
+    from sglang.srt.layers.layernorm import LayerNorm
+
+    obj, (x,) = inputs.obj, inputs.args
+    norm = LayerNorm(
+        obj.hidden_size,
+        eps=obj.variance_epsilon,
+        elementwise_affine=obj.elementwise_affine,
+        bias=obj.use_bias,
+        dtype=obj.dtype,
+    ).to(x.device)
+    norm.weight.data, norm.bias.data = obj.weight, obj.bias
+    forward = getattr(norm, method)
+    return lambda: forward(x)
+
+
+def _rotary_embedding(method: str, inputs: OpInputs) -> Callable[[], object]:
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+
+    obj, args = inputs.obj, inputs.args
     query, key, *_, positions = args
     rope = RotaryEmbedding(
         obj.head_size,
@@ -305,3 +356,44 @@ def _sglang_layer_call(method: str, op: str, inputs: OpInputs) -> Callable[[], o
     k = torch.zeros(tokens, key.shape[1] * head_size, dtype=key.dtype, device=key.device)
     forward = getattr(rope, method)
     return lambda: forward(positions, q, k)
+
+
+def _mrotary_embedding(method: str, inputs: OpInputs) -> Callable[[], object]:
+    from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
+
+    obj, (positions, query, key) = inputs.obj, inputs.args
+    rope = MRotaryEmbedding(
+        obj.head_size,
+        obj.rotary_dim,
+        obj.cos_sin_cache.shape[0],
+        10000,
+        obj.is_neox_style,
+        query.dtype,
+        mrope_section=obj.mrope_section,
+        mrope_interleaved=obj.mrope_interleaved,
+    ).to(query.device)
+    rope.cos_sin_cache = obj.cos_sin_cache
+    forward = getattr(rope, method)
+    return lambda: forward(positions, query, key)
+
+
+def _clamp_position(method: str, inputs: OpInputs) -> Callable[[], object]:
+    from sglang.kernels.ops.attention.clamp_position import ClampPositionOp
+
+    forward, (seq_lens,) = getattr(ClampPositionOp(), method), inputs.args
+    return lambda: forward(seq_lens)
+
+
+# Standard op -> how to build SGLang's own layer call for a case (the timing baseline).
+_SGLANG_LAYERS: dict[str, Callable[[str, OpInputs], Callable[[], object]]] = {
+    "silu_and_mul": _elementwise("SiluAndMul"),
+    "rms_norm": _norm("RMSNorm"),
+    "rotary_embedding": _rotary_embedding,
+    "gelu_and_mul": _gelu_and_mul,
+    "gelu_new": _elementwise("NewGELU"),
+    "gelu_quick": _elementwise("QuickGELU"),
+    "gemma_rms_norm": _norm("GemmaRMSNorm"),
+    "layer_norm": _layer_norm,
+    "mrotary_embedding": _mrotary_embedding,
+    "clamp_position": _clamp_position,
+}

@@ -29,7 +29,15 @@ TORCH_NPU = ChipSdk(
     device="NPU",
     count_devices=_count_npus,
     devices_need_sdk=True,
-    requires=("npu_swiglu", "npu_rms_norm", "npu_add_rms_norm", "npu_mrope"),
+    requires=(
+        "npu_swiglu",
+        "npu_rms_norm",
+        "npu_add_rms_norm",
+        "npu_mrope",
+        "npu_geglu",
+        "npu_gelu",
+        "npu_fast_gelu",
+    ),
     no_device_hint=_no_npu_hint,
 )
 

@@ -6,20 +6,33 @@ from sglang_fl import hookimpl
 from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import AscendBackend
-from .impl.activation import silu_and_mul
-from .impl.normalization import rms_norm
-from .impl.rotary import rotary_embedding
+from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.normalization import gemma_rms_norm, rms_norm
+from .impl.rotary import mrotary_embedding, rotary_embedding
+
+# The standard ops torch_npu has no operator for: nothing is registered, `sglang-fl ops` says why.
+NO_KERNEL = {
+    "layer_norm": "torch_npu has no layer norm operator (SGLang's forward_npu is forward_native)",
+    "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
+}
 
 
 @hookimpl
 def sglang_fl_register_ops(registry: OpRegistry) -> None:
     """Register the torch_npu adapters themselves; availability is probed on first use."""
+    for op_name, reason in NO_KERNEL.items():
+        registry.declare_no_kernel(op_name, reason)
     registry.register_many(
         AscendBackend().implementations(
             {
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
                 "rotary_embedding": rotary_embedding,
+                "gelu_and_mul": gelu_and_mul,
+                "gelu_new": gelu_new,
+                "gelu_quick": gelu_quick,
+                "gemma_rms_norm": gemma_rms_norm,
+                "mrotary_embedding": mrotary_embedding,
             }
         )
     )

@@ -30,7 +30,16 @@ SGL_KERNEL = ChipSdk(
     device="CUDA device",
     count_devices=torch.cuda.device_count,
     devices_need_sdk=False,
-    requires=("silu_and_mul", "rmsnorm", "fused_add_rmsnorm", "rotary_embedding"),
+    requires=(
+        "silu_and_mul",
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "rotary_embedding",
+        "gelu_and_mul",
+        "gelu_tanh_and_mul",
+        "gemma_rmsnorm",
+        "gemma_fused_add_rmsnorm",
+    ),
     no_device_hint=_no_cuda_hint,
 )
 

@@ -6,20 +6,33 @@ from sglang_fl import hookimpl
 from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import CudaBackend
-from .impl.activation import silu_and_mul
-from .impl.normalization import rms_norm
+from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import rotary_embedding
+
+# The standard ops sgl_kernel has no kernel for: nothing is registered, `sglang-fl ops` says why.
+NO_KERNEL = {
+    "gelu_new": "sgl_kernel has no NewGELU kernel (SGLang's forward_cuda is forward_native)",
+    "gelu_quick": "sgl_kernel.gelu_quick exists in ROCm builds only",
+    "layer_norm": "sgl_kernel has no layer norm (SGLang's forward_cuda uses FlashInfer's)",
+    "mrotary_embedding": "sgl_kernel has no mrope kernel (SGLang's forward_cuda uses Triton)",
+    "clamp_position": "sgl_kernel has none (SGLang's is a JIT kernel in sglang.kernels)",
+}
 
 
 @hookimpl
 def sglang_fl_register_ops(registry: OpRegistry) -> None:
     """Register the sgl_kernel adapters themselves; availability is probed on first use."""
+    for op_name, reason in NO_KERNEL.items():
+        registry.declare_no_kernel(op_name, reason)
     registry.register_many(
         CudaBackend().implementations(
             {
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
                 "rotary_embedding": rotary_embedding,
+                "gelu_and_mul": gelu_and_mul,
+                "gemma_rms_norm": gemma_rms_norm,
             }
         )
     )

@@ -6,9 +6,10 @@ from sglang_fl import hookimpl
 from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import TemplateBackend
-from .impl.activation import silu_and_mul
-from .impl.normalization import rms_norm
-from .impl.rotary import rotary_embedding
+from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.attention import clamp_position
+from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
+from .impl.rotary import mrotary_embedding, rotary_embedding
 
 
 @hookimpl
@@ -21,6 +22,13 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
                 "rotary_embedding": rotary_embedding,
+                "gelu_and_mul": gelu_and_mul,
+                "gelu_new": gelu_new,
+                "gelu_quick": gelu_quick,
+                "gemma_rms_norm": gemma_rms_norm,
+                "layer_norm": layer_norm,
+                "mrotary_embedding": mrotary_embedding,
+                "clamp_position": clamp_position,
             }
         )
     )

@@ -19,7 +19,7 @@ import torch
 
 from .compat import LAYER_CLASSES
 
-__all__ = ["BRIDGES", "Bridge", "Handoff"]
+__all__ = ["BRIDGES", "Bridge", "Forward", "Handoff"]
 
 # handoff(reason) hands one call to SGLang's own forward; it logs once per layer class/reason.
 Handoff = Callable[[str], None]
@@ -197,7 +197,24 @@ class RotaryEmbeddingBridge(Bridge):
         return rotary_embedding
 
 
+# The bridges of later op families live in modules of their own; they subclass Bridge above.
+from .bridges_activation import GeluAndMulBridge, GeluNewBridge, GeluQuickBridge  # noqa: E402
+from .bridges_attention import ClampPositionBridge  # noqa: E402
+from .bridges_normalization import GemmaRMSNormBridge, LayerNormBridge  # noqa: E402
+from .bridges_rotary import MRotaryEmbeddingBridge  # noqa: E402
+
 BRIDGES: dict[str, Bridge] = {
     bridge.op_name: bridge
-    for bridge in (SiluAndMulBridge(), RMSNormBridge(), RotaryEmbeddingBridge())
+    for bridge in (
+        SiluAndMulBridge(),
+        RMSNormBridge(),
+        RotaryEmbeddingBridge(),
+        GeluAndMulBridge(),
+        GeluNewBridge(),
+        GeluQuickBridge(),
+        GemmaRMSNormBridge(),
+        LayerNormBridge(),
+        MRotaryEmbeddingBridge(),
+        ClampPositionBridge(),
+    )
 }

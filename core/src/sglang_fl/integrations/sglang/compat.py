@@ -19,11 +19,20 @@ __all__ = ["RESOLVE_TARGET", "SglangApi", "SglangApiError", "find_sglang_api", "
 # The method every fused op calls once per instance to pick its forward (SGLang >= 0.5.2x).
 RESOLVE_TARGET = "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method"
 
-# Standard op -> (module, class) of the SGLang layer it stands for.
-LAYER_CLASSES: dict[str, tuple[str, str]] = {
+# Standard op -> (module, class, more classes of that module...) of the SGLang layers it stands
+# for. A layer class is routed to the op of its nearest listed class (MRotaryEmbedding, a
+# RotaryEmbedding subclass, to mrotary_embedding).
+LAYER_CLASSES: dict[str, tuple[str, ...]] = {
     "silu_and_mul": ("sglang.srt.layers.activation", "SiluAndMul"),
     "rms_norm": ("sglang.srt.layers.layernorm", "RMSNorm"),
     "rotary_embedding": ("sglang.srt.layers.rotary_embedding", "RotaryEmbedding"),
+    "gelu_and_mul": ("sglang.srt.layers.activation", "GeluAndMul"),
+    "gelu_new": ("sglang.srt.layers.activation", "NewGELU"),
+    "gelu_quick": ("sglang.srt.layers.activation", "QuickGELU"),
+    "gemma_rms_norm": ("sglang.srt.layers.layernorm", "GemmaRMSNorm", "Gemma3RMSNorm"),
+    "layer_norm": ("sglang.srt.layers.layernorm", "LayerNorm"),
+    "mrotary_embedding": ("sglang.srt.layers.rotary_embedding", "MRotaryEmbedding"),
+    "clamp_position": ("sglang.kernels.ops.attention.clamp_position", "ClampPositionOp"),
 }
 
 
@@ -39,7 +48,7 @@ class SglangApi:
     base_fused_op: type
     hook_registry: Any
     hook_type_around: Any
-    layers: dict[str, type]  # standard op name -> SGLang layer class
+    layers: dict[type, str]  # SGLang layer class -> the standard op it stands for
 
 
 def sglang_version() -> str:
@@ -81,13 +90,14 @@ def find_sglang_api() -> SglangApi:
     if around is None:
         raise _missing("HookType has no AROUND", found)
 
-    layers: dict[str, type] = {}
-    for op_name, (module_name, class_name) in LAYER_CLASSES.items():
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as exc:
-            raise _missing(f"cannot find {module_name}.{class_name} ({exc})", found) from exc
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
-        layers[op_name] = cls
+    layers: dict[type, str] = {}
+    for op_name, (module_name, *class_names) in LAYER_CLASSES.items():
+        for class_name in class_names:
+            try:
+                cls = getattr(importlib.import_module(module_name), class_name)
+            except (ImportError, AttributeError) as exc:
+                raise _missing(f"cannot find {module_name}.{class_name} ({exc})", found) from exc
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
+            layers[cls] = op_name
     return SglangApi(found, base, registry, around, layers)

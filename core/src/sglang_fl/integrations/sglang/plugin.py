@@ -89,23 +89,26 @@ class Router:
 
     # --- once per class -----------------------------------------------------------------
 
+    def _layer_base(self, cls: type) -> type | None:
+        """The nearest class in ``cls``'s MRO that stands for a standard op, if any."""
+        return next((klass for klass in cls.__mro__ if klass in self.api.layers), None)
+
     def _op_of(self, cls: type) -> str | None:
-        for op_name, layer_cls in self.api.layers.items():
-            if issubclass(cls, layer_cls):
-                return op_name
-        return None
+        base = self._layer_base(cls)
+        return None if base is None else self.api.layers[base]
 
     def _plan(self, cls: type, sglang_forward: Forward) -> _Plan:
         with self._lock:
             plan = self._plans.get(cls)
             if plan is not None:
                 return plan
-            op_name = self._op_of(cls)
+            layer_base = self._layer_base(cls)
+            op_name = None if layer_base is None else self.api.layers[layer_base]
             bridge = BRIDGES.get(op_name) if op_name else None
             resolution = None
             reason = "no standard sglang-fl op for this layer; SGLang runs it"
-            if bridge is not None and op_name is not None:
-                refusal = bridge.refuse_class(cls, self.api.layers[op_name])
+            if bridge is not None and op_name is not None and layer_base is not None:
+                refusal = bridge.refuse_class(cls, layer_base)
                 if refusal is not None:
                     reason = refusal
                 else:

@@ -1,4 +1,4 @@
-"""``rms_norm`` on template, with the fused residual add when ``residual`` is given."""
+"""Norms on template: ``x`` ``[num_tokens, hidden]`` (maybe 0 tokens, maybe strided)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,17 @@ def rms_norm(
     # Without residual x stays untouched. With residual: return (rms_norm(x + residual),
     # x + residual); writing both into x and residual is allowed.
     raise Unsupported("template: rms_norm is not implemented")
+
+
+def gemma_rms_norm(
+    obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    # As rms_norm, scaled by 1 + obj.weight (fp32), and the residual sum s = x + residual is
+    # rounded to x's dtype before it is normalised: return (norm(s), s).
+    raise Unsupported("template: gemma_rms_norm is not implemented")
+
+
+def layer_norm(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    # F.layer_norm of x converted to obj.dtype, over obj.hidden_size, eps obj.variance_epsilon;
+    # obj.weight if obj.elementwise_affine, obj.bias if obj.use_bias; result in x's dtype.
+    raise Unsupported("template: layer_norm is not implemented")

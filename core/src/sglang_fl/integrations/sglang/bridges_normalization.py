@@ -1,0 +1,85 @@
+"""Bridges of SGLang's Gemma norms and ``LayerNorm`` (``sglang.srt.layers.layernorm``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .bridges import Bridge, Forward, Handoff
+
+__all__ = ["EpsilonAlias", "GemmaRMSNormBridge", "LayerNormBridge"]
+
+Norm = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+class EpsilonAlias:
+    """A layer seen under the contract's attribute names: its ``eps`` as ``variance_epsilon``.
+
+    ``Gemma3RMSNorm`` keeps its epsilon in ``eps``; ``GemmaRMSNorm`` and the FlagOS kernels use
+    ``variance_epsilon``. Every other attribute reads through to the layer (live, so reloaded
+    weights are seen); attributes an implementation sets stay on this per-layer view.
+    """
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+
+    @property
+    def variance_epsilon(self) -> float:
+        return float(self.layer.eps)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.layer, name)
+
+
+def gemma_norm(fn: Forward, obj: Any, x: torch.Tensor, residual: torch.Tensor | None) -> Norm:
+    """``fn(obj, x[, residual])`` on 2-D rows, the results in the callers' shapes."""
+    if x.dim() == 2:
+        return fn(obj, x) if residual is None else fn(obj, x, residual)
+    shape, hidden = x.shape, x.shape[-1]
+    if residual is None:
+        return fn(obj, x.reshape(-1, hidden)).reshape(shape)
+    out, res = fn(obj, x.reshape(-1, hidden), residual.reshape(-1, hidden))
+    return out.reshape(shape), res.reshape(residual.shape)
+
+
+class GemmaRMSNormBridge(Bridge):
+    """``GemmaRMSNorm(x, residual, post_residual_addition)`` and ``Gemma3RMSNorm(x, residual)``."""
+
+    op_name = "gemma_rms_norm"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        if not hasattr(layer, "variance_epsilon"):  # Gemma3RMSNorm: eps
+            obj = EpsilonAlias(layer)
+
+            def gemma3_rms_norm(x: torch.Tensor, residual: torch.Tensor | None = None) -> Norm:
+                return gemma_norm(fn, obj, x, residual)
+
+            return gemma3_rms_norm
+
+        def gemma_rms_norm(
+            x: torch.Tensor,
+            residual: torch.Tensor | None = None,
+            post_residual_addition: torch.Tensor | None = None,
+        ) -> Norm:
+            if residual is not None and post_residual_addition is not None:
+                residual = residual + post_residual_addition  # as forward_native adds it first
+            return gemma_norm(fn, layer, x, residual)
+
+        return gemma_rms_norm
+
+
+class LayerNormBridge(Bridge):
+    op_name = "layer_norm"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        hidden = layer.hidden_size
+
+        def layer_norm(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[-1] != hidden:
+                raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
+            if x.dim() == 2:
+                return fn(layer, x)
+            return fn(layer, x.reshape(-1, hidden)).reshape(x.shape)
+
+        return layer_norm

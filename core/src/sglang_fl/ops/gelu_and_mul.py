@@ -1,0 +1,86 @@
+"""``gelu_and_mul``: SGLang's ``GeluAndMul``, ``gelu(x[..., :d]) * x[..., d:]`` (GeGLU)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (
+    STANDARD_DTYPES,
+    STANDARD_TOLERANCES,
+    TOKEN_COUNTS,
+    OpCase,
+    OpContract,
+    OpInputs,
+    layer,
+    random_tensor,
+)
+
+# The two GELU forms GeluAndMul takes (``obj.approximate``), as torch's F.gelu names them.
+APPROXIMATIONS = ("none", "tanh")
+
+
+def _signature(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    """``x`` is ``[num_tokens, 2*d]``; returns a new ``[num_tokens, d]`` tensor, ``x`` untouched.
+
+    ``obj.approximate`` selects the GELU: ``"none"`` (erf) or ``"tanh"``; any other value is a
+    ``ValueError``. ``num_tokens`` may be 0; ``x`` may be a strided view.
+    """
+    raise NotImplementedError
+
+
+def check_approximate(obj: Any) -> str:
+    """``obj.approximate``, or a ``ValueError`` naming the value and the two allowed ones."""
+    approximate = obj.approximate
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(
+            f"gelu_and_mul: obj.approximate is {approximate!r}; allowed: "
+            + ", ".join(repr(a) for a in APPROXIMATIONS)
+        )
+    return str(approximate)
+
+
+def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    """Same math as ``GeluAndMul.forward_native``, in the input dtype."""
+    approximate = check_approximate(obj)
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
+
+
+def _cases() -> tuple[OpCase, ...]:
+    cases = []
+    for tokens, d, approximate, contiguous in itertools.product(
+        TOKEN_COUNTS, (16, 128, 352), APPROXIMATIONS, (True, False)
+    ):
+        name = f"tokens={tokens},d={d},approximate={approximate}"
+        name += "" if contiguous else ",strided"
+        params = {"tokens": tokens, "d": d, "approximate": approximate, "contiguous": contiguous}
+        cases.append(OpCase(name, params))
+    return tuple(cases)
+
+
+def _make_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    p = case.params
+    x = random_tensor(
+        (p["tokens"], 2 * p["d"]), dtype, device, generator, contiguous=p["contiguous"]
+    )
+    return OpInputs(obj=layer(approximate=p["approximate"]), args=(x,), preserved=("x",))
+
+
+CONTRACT = OpContract(
+    name="gelu_and_mul",
+    sglang_layer="GeluAndMul",
+    summary="GeGLU gate: gelu (erf or tanh) of the first half of the last dim times the second",
+    signature=inspect.signature(_signature),
+    reference=reference,
+    dtypes=STANDARD_DTYPES,
+    tolerances=STANDARD_TOLERANCES,
+    cases=_cases(),
+    make_inputs=_make_inputs,
+)
