@@ -21,9 +21,10 @@ def rows_forward(layer: Any, fn: Forward, *, halves: bool) -> Forward:
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:
-            return fn(layer, x)
+            rows: torch.Tensor = fn(layer, x)
+            return rows
         lead, width = x.shape[:-1], x.shape[-1]
-        out = fn(layer, x.reshape(-1, width))
+        out: torch.Tensor = fn(layer, x.reshape(-1, width))
         return out.reshape(*lead, width // 2 if halves else width)
 
     return forward

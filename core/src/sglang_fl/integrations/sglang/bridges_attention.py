@@ -20,6 +20,7 @@ class ClampPositionBridge(Bridge):
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
         def clamp_position(seq_lens: torch.Tensor) -> torch.Tensor:
-            return fn(layer, seq_lens)
+            clamped: torch.Tensor = fn(layer, seq_lens)
+            return clamped
 
         return clamp_position

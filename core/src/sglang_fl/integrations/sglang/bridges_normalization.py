@@ -35,10 +35,14 @@ class EpsilonAlias:
 def gemma_norm(fn: Forward, obj: Any, x: torch.Tensor, residual: torch.Tensor | None) -> Norm:
     """``fn(obj, x[, residual])`` on 2-D rows, the results in the callers' shapes."""
     if x.dim() == 2:
-        return fn(obj, x) if residual is None else fn(obj, x, residual)
+        normed: Norm = fn(obj, x) if residual is None else fn(obj, x, residual)
+        return normed
     shape, hidden = x.shape, x.shape[-1]
     if residual is None:
-        return fn(obj, x.reshape(-1, hidden)).reshape(shape)
+        rows: torch.Tensor = fn(obj, x.reshape(-1, hidden))
+        return rows.reshape(shape)
+    out: torch.Tensor
+    res: torch.Tensor
     out, res = fn(obj, x.reshape(-1, hidden), residual.reshape(-1, hidden))
     return out.reshape(shape), res.reshape(residual.shape)
 
@@ -79,7 +83,9 @@ class LayerNormBridge(Bridge):
             if x.shape[-1] != hidden:
                 raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
             if x.dim() == 2:
-                return fn(layer, x)
-            return fn(layer, x.reshape(-1, hidden)).reshape(x.shape)
+                normed: torch.Tensor = fn(layer, x)
+                return normed
+            rows: torch.Tensor = fn(layer, x.reshape(-1, hidden))
+            return rows.reshape(x.shape)
 
         return layer_norm

@@ -41,7 +41,11 @@ class MRotaryEmbeddingBridge(Bridge):
                     "fused_set_kv_buffer_arg (rope fused with the KV-cache write) is "
                     "SGLang's own path"
                 )
-                return sglang_forward(positions, query, key, fused_set_kv_buffer_arg)
-            return fn(layer, positions, query, key)
+                sglang_rotated: tuple[torch.Tensor, torch.Tensor] = sglang_forward(
+                    positions, query, key, fused_set_kv_buffer_arg
+                )
+                return sglang_rotated
+            rotated: tuple[torch.Tensor, torch.Tensor] = fn(layer, positions, query, key)
+            return rotated
 
         return mrotary_embedding
