@@ -258,12 +258,12 @@ def test_every_contract_covers_an_empty_batch_and_strided_inputs(op):
     """Kernels meet empty batches (an idle rank) and strided views (slices of a packed
     projection): every contract has both, so the kit and the hardware scripts run them."""
     contract = get_contract(op)
-    leading = []
+    tensors = []  # every case's tensor arguments (mrotary_embedding's data follows positions)
     for case in contract.cases:
         inputs = contract.make_inputs(case, torch.float16, torch.device("cpu"), torch.Generator())
-        leading.append(inputs.args[0])
-    assert any(tensor.numel() == 0 for tensor in leading)
-    assert any(tensor.numel() > 0 and not tensor.is_contiguous() for tensor in leading)
+        tensors += [arg for arg in inputs.args if isinstance(arg, torch.Tensor)]
+    assert any(tensor.numel() == 0 for tensor in tensors)
+    assert any(tensor.numel() > 0 and not tensor.is_contiguous() for tensor in tensors)
 
 
 def test_rotary_packed_cases_cut_q_and_k_from_one_qkv_row():
