@@ -256,8 +256,7 @@ def requested_bench_parts(posargs: list[str]) -> set[str] | None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks (not part of the test command): per-call overhead, start-up, reference speed,
-    end-to-end decode throughput on a real model.
+    """Benchmarks (not part of the test command): per-call cost, start-up, real-model throughput.
 
     Two environments: this session's (SGLang, every sglang-fl wheel, the real model's needs,
     matplotlib) and a small one for the start-up measurements (CPU torch and the wheels), built

@@ -12,7 +12,6 @@ that the figures are known to compare what they claim to.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "sglang"))
 
 from real_model import MODEL_NAME, chat_input_ids, prepare  # noqa: E402
+from sglang_processes import clean_env  # noqa: E402
 
 from sglang_fl.integrations.sglang.report import read_log  # noqa: E402
 
@@ -49,12 +49,7 @@ class Worker:
     """An ``e2e_worker.py`` subprocess: one engine, timed batches over stdin/stdout."""
 
     def __init__(self, name: str, model: Path, dtype: str, extra_env: dict[str, str], log: Path):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SGLANG_FL_", "SGLANG_FORCE", "SGLANG_PLUGINS"))
-        }
-        env.update(extra_env, SGLANG_FL_DISPATCH_LOG=str(log))
+        env = clean_env(**extra_env, SGLANG_FL_DISPATCH_LOG=str(log))
         self.name, self.log = name, log
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "e2e_worker.py"), str(model), dtype],

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.only or PARTS)
     if "startup" in parts and not args.startup_python:
         parser.error("the start-up part needs --startup-python (nox -s bench passes it)")
-    command = args.command + (" -- --quick" if args.quick else "")
-    command += "".join(f" --only {part}" for part in args.only or ())
+    options = (["--quick"] if args.quick else []) + [f"--only {part}" for part in args.only or ()]
+    command = args.command + (" -- " + " ".join(options) if options else "")
     args.out.mkdir(parents=True, exist_ok=True)
 
     if parts & {"calls", "startup"}:

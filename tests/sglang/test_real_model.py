@@ -38,7 +38,7 @@ QUESTIONS = [
     "Name the three primary colors.",
     "Write one sentence about the sea.",
 ]
-MAX_NEW_TOKENS = 32
+MAX_NEW_TOKENS = 24
 
 
 def assert_scheduler_routed(log: Path, main_pid: int) -> None:
