@@ -26,6 +26,7 @@ from ...errors import NoImplementationError
 from ...runtime import Runtime, get_runtime
 from .bridges import BRIDGES, Bridge
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
+from .kernel_functions import route_kernel_functions
 from .report import SGLANG_FL_RUNNER, SGLANG_RUNNER, DispatchReport, impl_fields
 
 __all__ = ["Router", "get_router", "register"]
@@ -191,6 +192,7 @@ def register() -> None:
         report = DispatchReport(runtime.config.dispatch_log)
         router = Router(api, runtime, report)
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
+        route_kernel_functions(api, runtime, report)
         _router = router
     report.emit(
         "plugin",
