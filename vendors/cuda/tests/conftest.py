@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from sgl_kernel_double import SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 
 
 @pytest.fixture
@@ -15,4 +16,14 @@ def sgl_kernel(monkeypatch: pytest.MonkeyPatch) -> SglKernelDouble:
     double = SglKernelDouble()
     monkeypatch.setitem(sys.modules, "sgl_kernel", double)
     monkeypatch.setattr(SGL_KERNEL, "module", double)
+    # SGLang's Triton fused experts, which the fused_moe adapter imports on its first call.
+    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, SglangTritonMoeDouble(SGLANG_FUSED_MOE))
     return double
+
+
+@pytest.fixture
+def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
+    """The double of SGLang's Triton fused-experts module the fused_moe adapter calls."""
+    module = sys.modules[SGLANG_FUSED_MOE]
+    assert isinstance(module, SglangTritonMoeDouble)
+    return module

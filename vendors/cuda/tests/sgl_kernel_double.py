@@ -21,7 +21,8 @@ FLOATS = (torch.float32, *HALF)
 
 
 class SglKernelDouble(types.ModuleType):
-    """``sgl_kernel`` stand-in: ``silu_and_mul``, ``rmsnorm``, ``fused_add_rmsnorm``, rope."""
+    """``sgl_kernel`` stand-in: ``silu_and_mul``, ``rmsnorm``, ``fused_add_rmsnorm``, rope,
+    ``topk_softmax``, ``topk_sigmoid`` (``sgl_kernel/moe.py``)."""
 
     def __init__(self) -> None:
         super().__init__("sgl_kernel")
@@ -116,6 +117,110 @@ class SglKernelDouble(types.ModuleType):
                 (num_tokens, heads, rot_dim), (tensor.stride(0), head_stride, 1)
             )
             rotated.copy_(_rotate(rotated, cos, sin, is_neox))
+
+    def topk_softmax(
+        self,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        gating_output: torch.Tensor,
+        renormalize: bool = False,
+        moe_softcapping: float = 0.0,
+        correction_bias: torch.Tensor | None = None,
+    ) -> None:
+        self.calls.append(("topk_softmax", (topk_weights, topk_ids, gating_output, renormalize)))
+        _check_router_operands(topk_weights, topk_ids, gating_output, correction_bias)
+        assert moe_softcapping == 0.0, "the double models the kernel without softcapping"
+        _route(topk_weights, topk_ids, gating_output.float().softmax(dim=-1), renormalize)
+
+    def topk_sigmoid(
+        self,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        gating_output: torch.Tensor,
+        renormalize: bool = False,
+        correction_bias: torch.Tensor | None = None,
+    ) -> None:
+        self.calls.append(("topk_sigmoid", (topk_weights, topk_ids, gating_output, renormalize)))
+        _check_router_operands(topk_weights, topk_ids, gating_output, correction_bias)
+        _route(topk_weights, topk_ids, gating_output.float().sigmoid(), renormalize)
+
+
+class SglangTritonMoeDouble(types.ModuleType):
+    """A TEST DOUBLE of SGLang's ``moe_runner/triton_utils/fused_moe.py`` (SGLang 0.5.23): its
+    ``outplace_fused_experts`` with the preconditions ``fused_experts_impl`` asserts, computed
+    with PyTorch on the CPU. Calls are recorded in :attr:`calls`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def outplace_fused_experts(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        b1: torch.Tensor | None = None,
+        b2: torch.Tensor | None = None,
+        activation: str = "silu",
+        is_gated: bool = True,
+        **options: Any,
+    ) -> torch.Tensor:
+        self.calls.append(
+            (
+                "outplace_fused_experts",
+                (hidden_states, w1, w2, topk_weights, topk_ids),
+                {"activation": activation, "is_gated": is_gated, **options},
+            )
+        )
+        # fused_experts_impl's assertions
+        assert hidden_states.shape[1] == w1.shape[2], "Hidden size mismatch"
+        assert topk_weights.shape == topk_ids.shape, "topk shape mismatch"
+        assert hidden_states.is_contiguous(), "Hidden_states must be contiguous"
+        assert w1.is_contiguous(), "Expert weights1 must be contiguous"
+        assert w2.is_contiguous(), "Expert weights2 must be contiguous"
+        assert hidden_states.dtype in FLOATS
+        # float32 would run in TF32 (tl.dot's default precision): the double refuses to fake
+        # a full-precision float32 result the real kernel does not give.
+        assert hidden_states.dtype in HALF, "float32 runs in TF32 on the GPU"
+        assert b1 is None and b2 is None and is_gated and not options
+        gate_up = torch.einsum("th,tkeh->tke", hidden_states.float(), w1.float()[topk_ids.long()])
+        d = gate_up.shape[-1] // 2
+        gate = gate_up[..., :d]
+        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        hidden = (act * gate_up[..., d:]).to(hidden_states.dtype).float()
+        down = torch.einsum("tki,tkhi->tkh", hidden, w2.float()[topk_ids.long()])
+        return (down * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
+
+
+def _check_router_operands(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+) -> None:
+    # SGLang 0.5.23 allocates the outputs so (topk.py, fused_topk): float32 weights, int32 ids.
+    assert topk_weights.dtype == torch.float32
+    assert topk_ids.dtype == torch.int32
+    assert topk_weights.shape == topk_ids.shape
+    assert gating_output.dim() == 2
+    assert gating_output.shape[0] == topk_ids.shape[0]
+    assert gating_output.shape[0] > 0, "a launch over no rows is an invalid grid"
+    assert gating_output.is_contiguous(), "kernel reads packed rows"
+    assert gating_output.dtype in FLOATS
+    # sgl_kernel/moe.py docstring: "correction_bias ... must be float32 if provided"
+    assert correction_bias is None or correction_bias.dtype == torch.float32
+
+
+def _route(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, scores: torch.Tensor, renormalize: bool
+) -> None:
+    values, ids = torch.topk(scores, topk_ids.shape[1], dim=-1)
+    if renormalize:
+        values = values / values.sum(dim=-1, keepdim=True)
+    topk_weights.copy_(values)
+    topk_ids.copy_(ids)
 
 
 def _check_norm_operands(input: torch.Tensor, weight: torch.Tensor) -> None:

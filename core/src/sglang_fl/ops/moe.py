@@ -23,6 +23,7 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    Tolerance,
     layer,
     random_tensor,
 )
@@ -366,6 +367,14 @@ def _make_fused_moe_inputs(
     )
 
 
+# Two chained projections whose intermediate is rounded to the dtype, at points that differ
+# between kernels (before or after the activation, per tile): a few units in the last place.
+FUSED_MOE_TOLERANCES = {
+    torch.float32: STANDARD_TOLERANCES[torch.float32],
+    torch.float16: Tolerance(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: Tolerance(atol=3e-2, rtol=3e-2),
+}
+
 FUSED_MOE = OpContract(
     name="fused_moe",
     sglang_layer="UnquantizedFusedMoEMethod",
@@ -373,7 +382,7 @@ FUSED_MOE = OpContract(
     signature=inspect.signature(_fused_moe_signature),
     reference=fused_moe_reference,
     dtypes=STANDARD_DTYPES,
-    tolerances=STANDARD_TOLERANCES,
+    tolerances=FUSED_MOE_TOLERANCES,
     cases=_fused_moe_cases(),
     make_inputs=_make_fused_moe_inputs,
 )
