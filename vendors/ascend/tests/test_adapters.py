@@ -7,9 +7,12 @@ SGLang's ``forward_npu`` makes them: argument order, returned tuples, what is wr
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from sglang_fl_ascend.impl.activation import silu_and_mul_npu
+from sglang_fl_ascend.impl.moe import fused_moe_npu, topk_npu
 from sglang_fl_ascend.impl.normalization import rms_norm_npu
 from sglang_fl_ascend.impl.rotary import rotary_embedding_npu
 from sglang_fl_ascend.register_ops import register_builtins
@@ -18,15 +21,26 @@ from torch_npu_double import TorchNpuDouble
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.testing.checks import PASSED, check_case, contract_grid, registered_by
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
 
 REGISTRY = registered_by(register_builtins)
 IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op)}
 CASES = [
     pytest.param(op, case, dtype, id=f"{op}/{case_id}")
-    for op in STANDARD_OPS
+    for op in IMPLS
     for case, dtype, case_id in contract_grid(op)
 ]
+# Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
+# matmul, finalize).
+CALLS = {"fused_moe": 5}
+
+
+def declined(op: str, params: dict[str, object]) -> bool:
+    """npu_moe_gating_top_k always renormalises; the torch_npu MoE path fuses silu only."""
+    if op == "topk":
+        plain = not params["grouped"] and not params["bias"] and params["scoring_func"] == "softmax"
+        return not plain and not params["renormalize"]
+    return op == "fused_moe" and params["activation"] != "silu"
 
 
 def test_seed_registration_of_the_adapters_themselves() -> None:
@@ -34,6 +48,8 @@ def test_seed_registration_of_the_adapters_themselves() -> None:
         "silu_and_mul": silu_and_mul_npu,
         "rms_norm": rms_norm_npu,
         "rotary_embedding": rotary_embedding_npu,
+        "topk": topk_npu,
+        "fused_moe": fused_moe_npu,
     }
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
@@ -46,8 +62,13 @@ def test_contract_case(
     torch_npu: TorchNpuDouble, op: str, case: OpCase, dtype: torch.dtype
 ) -> None:
     outcome = check_case(IMPLS[op], case, dtype)
+    if declined(op, dict(case.params)):
+        assert outcome.status == SKIPPED, outcome.message
+        assert torch_npu.calls == []
+        return
     assert outcome.status == PASSED, outcome.message
-    assert len(torch_npu.calls) == 1
+    calls = 0 if case.params.get("tokens") == 0 else CALLS.get(op, 1)
+    assert len(torch_npu.calls) == calls, torch_npu.calls
 
 
 def test_silu_and_mul_is_npu_swiglu_over_the_last_dim(torch_npu: TorchNpuDouble) -> None:
@@ -144,3 +165,106 @@ def test_rotary_declines_a_cache_in_another_dtype(torch_npu: TorchNpuDouble) -> 
         rotary_embedding_npu(obj, query, key, cos, sin, positions)
     assert torch_npu.calls == []
     assert torch.equal(query, before)
+
+
+# --- MoE -------------------------------------------------------------------------------------
+
+
+def router(**options: object) -> SimpleNamespace:
+    config = {
+        "top_k": 4,
+        "renormalize": True,
+        "scoring_func": "softmax",
+        "use_grouped_topk": False,
+        "num_expert_group": None,
+        "topk_group": None,
+        "correction_bias": None,
+        "routed_scaling_factor": None,
+        "apply_routed_scaling_factor_on_output": False,
+    }
+    config.update(options)
+    return SimpleNamespace(**config)
+
+
+def test_topk_plain_softmax_is_the_gating_softmax_operator(torch_npu: TorchNpuDouble) -> None:
+    logits = torch.randn(3, 16, dtype=torch.bfloat16)
+    weights, ids = topk_npu(router(), logits)
+    ((name, args, kwargs),) = torch_npu.calls
+    assert name == "npu_moe_gating_top_k_softmax"
+    assert args[0] is logits
+    assert kwargs == {"finished": None, "k": 4}
+    assert (weights.dtype, ids.dtype) == (torch.float32, torch.int32)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(3))
+
+
+def test_topk_grouped_with_bias_is_deepseek_style_gating(torch_npu: TorchNpuDouble) -> None:
+    bias = torch.randn(16)
+    config = router(
+        scoring_func="sigmoid",
+        use_grouped_topk=True,
+        num_expert_group=4,
+        topk_group=2,
+        correction_bias=bias,
+        routed_scaling_factor=2.5,
+        apply_routed_scaling_factor_on_output=True,
+    )
+    topk_npu(config, torch.randn(3, 16, dtype=torch.bfloat16))
+    ((name, (x, k), kwargs),) = torch_npu.calls
+    assert name == "npu_moe_gating_top_k"
+    assert (x.dtype, k) == (torch.float32, 4)
+    assert torch.equal(kwargs.pop("bias"), bias)
+    assert kwargs == {
+        "k_group": 2,
+        "group_count": 4,
+        "group_select_mode": 1,  # groups ranked by their best two biased scores
+        "renorm": 0,
+        "norm_type": 1,
+        "out_flag": False,
+        "routed_scaling_factor": 2.5,
+        "eps": 1e-20,
+    }
+
+
+def test_topk_declines_sigmoid_without_renormalize_before_calling(
+    torch_npu: TorchNpuDouble,
+) -> None:
+    with pytest.raises(Unsupported, match="renormalize=False"):
+        topk_npu(router(scoring_func="sigmoid", renormalize=False), torch.randn(2, 8))
+    assert torch_npu.calls == []
+
+
+def test_fused_moe_routes_with_quant_mode_given_explicitly(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    w13 = torch.randn(4, 8, 16, dtype=torch.bfloat16)
+    w2 = torch.randn(4, 16, 4, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    out = fused_moe_npu(None, x, w13, w2, torch.full((3, 2), 0.5), ids)
+    names = [call[0] for call in torch_npu.calls]
+    assert names == [
+        "npu_moe_init_routing_v2",
+        "npu_grouped_matmul",
+        "npu_swiglu",
+        "npu_grouped_matmul",
+        "npu_moe_finalize_routing",
+    ]
+    routing = torch_npu.calls[0][2]
+    assert routing["quant_mode"] == -1
+    assert routing["expert_num"] == 4
+    assert routing["active_num"] == 6
+    assert torch_npu.calls[1][1][1][0].shape == (4, 16, 8), "weights passed as [experts, in, out]"
+    assert (out.shape, out.dtype) == ((3, 16), torch.bfloat16)
+
+
+def test_fused_moe_declines_gelu_before_calling(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(Unsupported, match="silu only"):
+        fused_moe_npu(
+            None,
+            x,
+            torch.randn(2, 8, 16),
+            torch.randn(2, 16, 4),
+            torch.ones(2, 1),
+            torch.zeros(2, 1, dtype=torch.int32),
+            "gelu",
+        )
+    assert torch_npu.calls == []

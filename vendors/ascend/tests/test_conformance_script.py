@@ -21,6 +21,7 @@ from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.testing.checks import registered_by
 from sglang_fl.testing.hardware import run_cases
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "conformance.py"
@@ -56,10 +57,16 @@ def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatc
 
 def test_every_case_passes_with_its_errors(script: ModuleType, torch_npu: TorchNpuDouble) -> None:
     found = run_cases(script.TARGET, dtypes=[torch.bfloat16], device="cpu", repeat=0)
-    assert len(found) == sum(len(c.cases) for c in STANDARD_OPS.values())
-    tolerance = STANDARD_OPS["rms_norm"].tolerance(torch.bfloat16)
+    registered = registered_by(register_builtins)
+    ops = [op for op in STANDARD_OPS if registered.implementations(op)]
+    assert {"silu_and_mul", "rms_norm", "rotary_embedding", "topk", "fused_moe"} <= set(ops)
+    assert len(found) == sum(len(STANDARD_OPS[op].cases) for op in ops)
     for result in found:
+        if result.status == "skipped":  # see test_adapters.declined
+            assert result.op in ("topk", "fused_moe"), result
+            continue
         assert result.status == "passed", result.message
+        tolerance = STANDARD_OPS[result.op].tolerance(torch.bfloat16)
         assert result.max_abs <= tolerance.atol * 4, result
         assert result.time_ratio is None  # timing skipped (repeat=0)
 

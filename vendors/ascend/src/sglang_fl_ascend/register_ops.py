@@ -11,6 +11,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 
 from .ascend import AscendBackend
 from .impl.activation import silu_and_mul_npu
+from .impl.moe import fused_moe_npu, topk_npu
 from .impl.normalization import rms_norm_npu
 from .impl.rotary import rotary_embedding_npu
 
@@ -22,6 +23,8 @@ def register_builtins(registry: OpRegistry) -> None:
                 "silu_and_mul": silu_and_mul_npu,
                 "rms_norm": rms_norm_npu,
                 "rotary_embedding": rotary_embedding_npu,
+                "topk": topk_npu,
+                "fused_moe": fused_moe_npu,
             }
         )
     )
