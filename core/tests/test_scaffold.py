@@ -21,6 +21,7 @@ EXPECTED_FILES = [
     "src/sglang_fl_acme_npu/backend.py",
     "src/sglang_fl_acme_npu/impl/__init__.py",
     "src/sglang_fl_acme_npu/impl/activation.py",
+    "src/sglang_fl_acme_npu/impl/moe.py",
     "src/sglang_fl_acme_npu/impl/normalization.py",
     "src/sglang_fl_acme_npu/impl/rotary.py",
     "src/sglang_fl_acme_npu/py.typed",
@@ -89,7 +90,7 @@ def test_render_substitutes_everywhere(tmp_path: Path) -> None:
 
 def test_stubs_raise_unsupported(tmp_path: Path) -> None:
     render(VendorNames.parse("acme_npu"), tmp_path)
-    for module in ("activation", "normalization", "rotary"):
+    for module in ("activation", "normalization", "rotary", "moe"):
         source = (tmp_path / f"src/sglang_fl_acme_npu/impl/{module}.py").read_text()
         assert "raise Unsupported(" in source
 
