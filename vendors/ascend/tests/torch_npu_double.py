@@ -206,10 +206,14 @@ class TorchNpuDouble(types.ModuleType):
         assert expert_idx.dtype == torch.int32, "expert_idx is int32"
         assert expert_idx.shape[0] == x.shape[0]
         assert quant_mode == -1, "the double models the unquantized mode"
-        assert scale is None and offset is None and drop_pad_mode == 0 and row_idx_type == 0
+        assert scale is None
+        assert offset is None
+        assert drop_pad_mode == 0
+        assert row_idx_type == 0
         assert active_num == expert_idx.numel()
         assert active_expert_range == [0, expert_num]
-        assert expert_tokens_num_type == 1 and expert_tokens_num_flag, "per-expert counts"
+        assert expert_tokens_num_type == 1, "per-expert counts"
+        assert expert_tokens_num_flag
         flat = expert_idx.reshape(-1).long()
         assert bool(((flat >= 0) & (flat < expert_num)).all())
         order = torch.sort(flat, stable=True).indices
@@ -245,14 +249,18 @@ class TorchNpuDouble(types.ModuleType):
                 },
             )
         )
-        assert len(x) == 1 and len(weight) == 1 and bias is None
+        assert len(x) == 1
+        assert len(weight) == 1
+        assert bias is None
         assert split_item == 2, "one output tensor"
         assert group_type == 0, "groups split the rows (M)"
         assert group_list_type == 1, "group_list holds per-group counts"
         assert group_list.dtype == torch.int64
         rows, weights = x[0], weight[0]
-        assert weights.dim() == 3 and weights.shape[1] == rows.shape[1], "weight [g, in, out]"
-        assert rows.dtype == weights.dtype == output_dtype and rows.dtype in FLOATS
+        assert weights.dim() == 3, "weight [g, in, out]"
+        assert weights.shape[1] == rows.shape[1], "weight [g, in, out]"
+        assert rows.dtype == weights.dtype == output_dtype
+        assert rows.dtype in FLOATS
         assert int(group_list.sum()) == rows.shape[0]
         outputs = [
             (part.float() @ weights[g].float()).to(output_dtype)
@@ -279,7 +287,10 @@ class TorchNpuDouble(types.ModuleType):
                 {"skip1": skip1, "skip2": skip2, "bias": bias, "drop_pad_mode": drop_pad_mode},
             )
         )
-        assert skip1 is None and skip2 is None and bias is None and drop_pad_mode == 0
+        assert skip1 is None
+        assert skip2 is None
+        assert bias is None
+        assert drop_pad_mode == 0
         assert scales.dtype == expanded_permuted_rows.dtype, "scales take the rows' dtype"
         assert scales.shape == export_for_source_row.shape
         tokens, k = scales.shape

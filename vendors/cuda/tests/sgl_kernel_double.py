@@ -184,7 +184,10 @@ class SglangTritonMoeDouble(types.ModuleType):
         # float32 would run in TF32 (tl.dot's default precision): the double refuses to fake
         # a full-precision float32 result the real kernel does not give.
         assert hidden_states.dtype in HALF, "float32 runs in TF32 on the GPU"
-        assert b1 is None and b2 is None and is_gated and not options
+        assert b1 is None
+        assert b2 is None
+        assert is_gated
+        assert not options
         gate_up = torch.einsum("th,tkeh->tke", hidden_states.float(), w1.float()[topk_ids.long()])
         d = gate_up.shape[-1] // 2
         gate = gate_up[..., :d]

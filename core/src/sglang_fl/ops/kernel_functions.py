@@ -69,7 +69,9 @@ def reference(
 
 def _cases() -> tuple[OpCase, ...]:
     cases = []
-    for tokens, hidden, with_addend in itertools.product((0, 1, 7, 33), (16, 128, 2048), (False, True)):
+    for tokens, hidden, with_addend in itertools.product(
+        (0, 1, 7, 33), (16, 128, 2048), (False, True)
+    ):
         name = f"tokens={tokens},hidden={hidden}" + (",addend" if with_addend else "")
         cases.append(OpCase(name, {"tokens": tokens, "hidden": hidden, "addend": with_addend}))
     return tuple(cases)

@@ -274,9 +274,7 @@ def check_activation(activation: str) -> MoeActivation:
         return MoeActivation(activation)
     except ValueError:
         allowed = ", ".join(repr(a.value) for a in MoeActivation)
-        raise ValueError(
-            f"fused_moe: activation {activation!r} is not one of {allowed}"
-        ) from None
+        raise ValueError(f"fused_moe: activation {activation!r} is not one of {allowed}") from None
 
 
 def _gated_activation(gate_up: torch.Tensor, activation: MoeActivation) -> torch.Tensor:

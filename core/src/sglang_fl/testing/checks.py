@@ -146,7 +146,9 @@ def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cp
     want = contract.reference(expected_inputs.obj, *expected_inputs.args, **expected_inputs.kwargs)
     problems = list(
         _output_problems(
-            contract.canonical_output(got), contract.canonical_output(want), contract.tolerance(dtype)
+            contract.canonical_output(got),
+            contract.canonical_output(want),
+            contract.tolerance(dtype),
         )
     )
     problems += _in_place_problems(contract, inputs, got, want, contract.tolerance(dtype))

@@ -66,9 +66,13 @@ def _gate_sigmoid_mul_add(fn: Forward) -> Forward:
 
 _ELEMENTWISE = "sglang.kernels.ops.elementwise.elementwise"
 FUNCTION_ROUTES: tuple[FunctionRoute, ...] = (
-    FunctionRoute(f"{_ELEMENTWISE}.fused_gate_sigmoid_mul", "fused_gate_sigmoid_mul", _gate_sigmoid_mul),
     FunctionRoute(
-        f"{_ELEMENTWISE}.fused_gate_sigmoid_mul_add", "fused_gate_sigmoid_mul", _gate_sigmoid_mul_add
+        f"{_ELEMENTWISE}.fused_gate_sigmoid_mul", "fused_gate_sigmoid_mul", _gate_sigmoid_mul
+    ),
+    FunctionRoute(
+        f"{_ELEMENTWISE}.fused_gate_sigmoid_mul_add",
+        "fused_gate_sigmoid_mul",
+        _gate_sigmoid_mul_add,
     ),
 )
 
@@ -117,5 +121,9 @@ def route_kernel_functions(api: SglangApi, runtime: Runtime, report: DispatchRep
         api.hook_registry.register(route.target, replacement, replace)
         fallbacks = [impl.impl_id for impl in resolution.decision.fallbacks]
         report.emit(
-            "function", runner=SGLANG_FL_RUNNER, fallbacks=fallbacks, **impl_fields(chosen), **fields
+            "function",
+            runner=SGLANG_FL_RUNNER,
+            fallbacks=fallbacks,
+            **impl_fields(chosen),
+            **fields,
         )
