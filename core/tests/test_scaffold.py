@@ -169,7 +169,8 @@ def test_cli_sub_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     args = parser.parse_args(["new-vendor", "acme_npu", "--dir", str(tmp_path / "proj")])
     assert args.handler(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"created sglang-fl-acme-npu in {tmp_path / 'proj'}/ (13 files):")
+    files = len(EXPECTED_FILES)
+    assert out.startswith(f"created sglang-fl-acme-npu in {tmp_path / 'proj'}/ ({files} files):")
     assert "  src/sglang_fl_acme_npu/backend.py\n" in out
     assert 'pip install -e ".[test]"' in out
     assert (tmp_path / "proj" / "tests" / "test_acme_npu_plugin.py").is_file()

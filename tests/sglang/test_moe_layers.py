@@ -244,3 +244,27 @@ def test_kernel_function_routes_are_reported(dispatch_log: Path) -> None:
         assert row["runner"] == "sglang-fl"
         assert row["op"] == "fused_gate_sigmoid_mul"
         assert row["impl_id"] == "reference.fused_gate_sigmoid_mul"
+
+
+def test_a_specialised_moe_method_stays_with_sglang(dispatch_log: Path) -> None:
+    from sglang.srt.layers.moe.topk import TopK
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    class ModelSpecificMoEMethod(UnquantizedFusedMoEMethod):
+        """Like SGLang's model-specific methods: same forwards, its own weight handling."""
+
+    layer = make_experts(8, 2, torch.float32, "silu")
+    layer.quant_method.__class__ = ModelSpecificMoEMethod
+    x = randn(3, 64, seed=13)
+    topk_output = TopK(2, layer_id=0)(x, randn(3, 8, seed=14))
+    dispatched = layer.dispatcher.dispatch(hidden_states=x, topk_output=topk_output)
+    out = layer.run_moe_core(dispatched)
+    assert routed_impl(layer.quant_method) is None
+    assert out.hidden_states.shape == (3, 64)
+    rows = [
+        r
+        for r in read_log(dispatch_log)
+        if r["event"] == "layer" and r["layer"].endswith("ModelSpecificMoEMethod")
+    ]
+    assert [(r["op"], r["runner"]) for r in rows] == [("fused_moe", "sglang")]
+    assert "specialises UnquantizedFusedMoEMethod" in rows[0]["reason"]

@@ -150,6 +150,16 @@ class TopKBridge(Bridge):
 class FusedMoEBridge(Bridge):
     op_name = "fused_moe"
 
+    def refuse_class(self, cls: type, layer_base: type) -> str | None:
+        # Subclasses (SGLang's NPU MXFP8 online-quantized method, model-specific methods) change
+        # weights, kernels or math in ways that need not show in forward_native.
+        if cls is not layer_base:
+            return (
+                f"{cls.__qualname__} specialises {layer_base.__qualname__} (weights, kernels or "
+                "math of its own); left to SGLang"
+            )
+        return None
+
     def refuse_instance(self, layer: Any) -> str | None:
         # ``layer`` is the UnquantizedFusedMoEMethod; its runner config is set before the first
         # forward (create_moe_runner), when SGLang resolves the method's forward.
