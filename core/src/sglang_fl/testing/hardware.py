@@ -50,6 +50,7 @@ from .checks import (
 
 __all__ = [
     "DTYPES",
+    "SGLANG_BASELINE_OPS",
     "HardwareTarget",
     "Row",
     "max_errors",
@@ -249,13 +250,13 @@ def _seconds_per_call(
 
 
 # The ops whose SGLang layer _sglang_layer_call builds and times.
-_SGLANG_BASELINES = frozenset({"silu_and_mul", "rms_norm", "rotary_embedding"})
+SGLANG_BASELINE_OPS = ("silu_and_mul", "rms_norm", "rotary_embedding")
 
 
 def _sglang_layer_call(method: str, op: str, inputs: OpInputs) -> Callable[[], object] | None:
     """SGLang's layer for the case, its ``method`` bound to the case's tensors; None without
     SGLang (imported here only, never at import of this module)."""
-    if op not in _SGLANG_BASELINES:
+    if op not in SGLANG_BASELINE_OPS:
         return None  # no SGLang layer to time this op against here
     try:
         from sglang.srt.layers.activation import SiluAndMul
