@@ -13,7 +13,14 @@ import pytest
 
 from sglang_fl import __version__, cli
 
-OPS = ["silu_and_mul", "rms_norm", "rotary_embedding"]
+OPS = [
+    "silu_and_mul",
+    "rms_norm",
+    "rotary_embedding",
+    "topk",
+    "fused_moe",
+    "fused_gate_sigmoid_mul",
+]
 PLUGIN_KEYS = {"name", "module", "distribution", "version", "status", "hooks", "error", "builtin"}
 CANDIDATE_KEYS = {
     "impl_id",

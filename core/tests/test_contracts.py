@@ -11,7 +11,14 @@ from sglang_fl.ops import STANDARD_OPS, get_contract, unknown_op_message
 
 
 def test_standard_ops_are_the_design_set():
-    assert list(STANDARD_OPS) == ["silu_and_mul", "rms_norm", "rotary_embedding"]
+    assert list(STANDARD_OPS) == [
+        "silu_and_mul",
+        "rms_norm",
+        "rotary_embedding",
+        "topk",
+        "fused_moe",
+        "fused_gate_sigmoid_mul",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -23,6 +30,12 @@ def test_standard_ops_are_the_design_set():
             "rotary_embedding",
             "rotary_embedding(obj, query, key, cos, sin, position_ids, "
             "rotary_interleaved=False, inplace=True)",
+        ),
+        ("topk", "topk(obj, router_logits)"),
+        ("fused_moe", "fused_moe(obj, x, w13, w2, topk_weights, topk_ids, activation='silu')"),
+        (
+            "fused_gate_sigmoid_mul",
+            "fused_gate_sigmoid_mul(obj, hidden_states, gate_weight, shared_output, addend=None)",
         ),
     ],
 )

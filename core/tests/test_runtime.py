@@ -13,6 +13,7 @@ import torch
 import sglang_fl
 from sglang_fl import runtime as runtime_module
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
+from sglang_fl.ops import STANDARD_OPS
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 
@@ -87,7 +88,7 @@ def test_resolve_all_reports_errors_per_op(load_counter, monkeypatch):
     monkeypatch.setenv("SGLANG_FL_PER_OP", "silu_and_mul=vendor:nope")
     runtime_module.reset_runtime()
     results = runtime_module.get_runtime().resolve_all()
-    assert set(results) == {"silu_and_mul", "rms_norm", "rotary_embedding"}
+    assert set(results) == set(STANDARD_OPS)
     assert isinstance(results["silu_and_mul"], sglang_fl.NoImplementationError)
     assert results["rms_norm"].decision.chosen.impl_id == "reference.rms_norm"
 

@@ -8,7 +8,7 @@ from sglang_fl import get_runtime
 from sglang_fl.dispatch.types import Availability
 
 # What plugin.py registers: keep it in step when you add or drop an op.
-REGISTERED_OPS = {"silu_and_mul", "rms_norm", "rotary_embedding"}
+REGISTERED_OPS = {"silu_and_mul", "rms_norm", "rotary_embedding", "topk", "fused_moe"}
 
 
 def test_entry_point_loads_and_registers_the_ops() -> None:

@@ -8,6 +8,8 @@ from types import MappingProxyType
 
 from ..errors import UnknownOpError
 from .contract import OpCase, OpContract, OpInputs, Tolerance
+from .kernel_functions import FUSED_GATE_SIGMOID_MUL
+from .moe import FUSED_MOE, TOPK
 from .rms_norm import CONTRACT as RMS_NORM
 from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
 from .silu_and_mul import CONTRACT as SILU_AND_MUL
@@ -23,7 +25,17 @@ __all__ = [
 ]
 
 STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
-    {c.name: c for c in (SILU_AND_MUL, RMS_NORM, ROTARY_EMBEDDING)}
+    {
+        c.name: c
+        for c in (
+            SILU_AND_MUL,
+            RMS_NORM,
+            ROTARY_EMBEDDING,
+            TOPK,
+            FUSED_MOE,
+            FUSED_GATE_SIGMOID_MUL,
+        )
+    }
 )
 
 

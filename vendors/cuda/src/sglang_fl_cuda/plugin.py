@@ -7,6 +7,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import CudaBackend
 from .impl.activation import silu_and_mul
+from .impl.moe import fused_moe, topk
 from .impl.normalization import rms_norm
 from .impl.rotary import rotary_embedding
 
@@ -20,6 +21,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
                 "rotary_embedding": rotary_embedding,
+                "topk": topk,
+                "fused_moe": fused_moe,
             }
         )
     )

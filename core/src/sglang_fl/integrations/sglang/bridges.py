@@ -19,7 +19,7 @@ import torch
 
 from .compat import LAYER_CLASSES
 
-__all__ = ["BRIDGES", "Bridge", "Handoff"]
+__all__ = ["BRIDGES", "Bridge", "Forward", "Handoff"]
 
 # handoff(reason) hands one call to SGLang's own forward; it logs once per layer class/reason.
 Handoff = Callable[[str], None]
@@ -197,7 +197,17 @@ class RotaryEmbeddingBridge(Bridge):
         return rotary_embedding
 
 
+def _family_bridges() -> tuple[Bridge, ...]:
+    """The bridges kept in family modules; they subclass :class:`Bridge`, so import them late."""
+    from .moe import FusedMoEBridge, TopKBridge
+
+    return (
+        TopKBridge(),
+        FusedMoEBridge(),
+    )
+
+
 BRIDGES: dict[str, Bridge] = {
     bridge.op_name: bridge
-    for bridge in (SiluAndMulBridge(), RMSNormBridge(), RotaryEmbeddingBridge())
+    for bridge in (SiluAndMulBridge(), RMSNormBridge(), RotaryEmbeddingBridge(), *_family_bridges())
 }

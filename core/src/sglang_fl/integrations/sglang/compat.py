@@ -24,6 +24,8 @@ LAYER_CLASSES: dict[str, tuple[str, str]] = {
     "silu_and_mul": ("sglang.srt.layers.activation", "SiluAndMul"),
     "rms_norm": ("sglang.srt.layers.layernorm", "RMSNorm"),
     "rotary_embedding": ("sglang.srt.layers.rotary_embedding", "RotaryEmbedding"),
+    "topk": ("sglang.srt.layers.moe.topk", "TopK"),
+    "fused_moe": ("sglang.srt.layers.quantization.unquant", "UnquantizedFusedMoEMethod"),
 }
 
 
@@ -39,6 +41,7 @@ class SglangApi:
     base_fused_op: type
     hook_registry: Any
     hook_type_around: Any
+    hook_type_replace: Any
     layers: dict[str, type]  # standard op name -> SGLang layer class
 
 
@@ -78,8 +81,9 @@ def find_sglang_api() -> SglangApi:
     if registry is None or not hasattr(registry, "register") or hook_type is None:
         raise _missing("sglang.srt.plugins.hook_registry has no HookRegistry/HookType", found)
     around = getattr(hook_type, "AROUND", None)
-    if around is None:
-        raise _missing("HookType has no AROUND", found)
+    replace = getattr(hook_type, "REPLACE", None)
+    if around is None or replace is None:
+        raise _missing("HookType lacks AROUND or REPLACE", found)
 
     layers: dict[str, type] = {}
     for op_name, (module_name, class_name) in LAYER_CLASSES.items():
@@ -90,4 +94,4 @@ def find_sglang_api() -> SglangApi:
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
         layers[op_name] = cls
-    return SglangApi(found, base, registry, around, layers)
+    return SglangApi(found, base, registry, around, replace, layers)
