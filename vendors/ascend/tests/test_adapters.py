@@ -307,3 +307,20 @@ def test_fused_moe_declines_gelu_before_calling(torch_npu: TorchNpuDouble) -> No
             "gelu",
         )
     assert torch_npu.calls == []
+
+
+def test_topk_and_fused_moe_pack_strided_inputs(torch_npu: TorchNpuDouble) -> None:
+    logits = torch.randn(3, 32, dtype=torch.bfloat16)[:, ::2]
+    topk(router(), logits)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)[:, ::2]
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    w13 = torch.randn(4, 8, 16, dtype=torch.bfloat16)
+    fused_moe(None, x, w13, torch.randn(4, 16, 4, dtype=torch.bfloat16), torch.ones(3, 2), ids)
+    gating_call, routing_call = torch_npu.calls[0], torch_npu.calls[1]
+    assert (gating_call.name, routing_call.name) == (
+        "npu_moe_gating_top_k_softmax",
+        "npu_moe_init_routing_v2",
+    )
+    for call, given in ((gating_call, logits), (routing_call, x)):
+        assert call.args[0].is_contiguous()
+        assert torch.equal(call.args[0], given)

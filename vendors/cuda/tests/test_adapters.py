@@ -366,3 +366,20 @@ def test_fused_moe_declines_when_sglang_is_missing(
             torch.ones(2, 1),
             torch.zeros(2, 1, dtype=torch.int32),
         )
+
+
+def test_topk_declines_when_sgl_kernel_lacks_the_kernel(
+    sgl_kernel: SglKernelDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sgl_kernel, "topk_sigmoid", None)  # an sgl_kernel without it
+    with pytest.raises(Unsupported, match="has no topk_sigmoid"):
+        topk(router(scoring_func="sigmoid"), rows(3, 8))
+    assert sgl_kernel.calls == []
+
+
+def test_topk_packs_strided_logits(sgl_kernel: SglKernelDouble) -> None:
+    logits = rows(3, 16)[:, ::2]
+    topk(router(), logits)
+    ((_, (_, _, kernel_logits, _), _),) = sgl_kernel.calls
+    assert kernel_logits.is_contiguous()
+    assert torch.equal(kernel_logits, logits)

@@ -12,6 +12,9 @@
   ``npu_grouped_matmul`` (gate/up), ``npu_swiglu``, ``npu_grouped_matmul`` (down),
   ``npu_moe_finalize_routing`` (weighted sum back to token order). ``quant_mode=-1`` (no
   quantization) is always passed: its default differs across torch_npu branches.
+
+Strided inputs are packed with ``.contiguous()`` (the contract only reads them); an empty batch
+returns its empty outputs without a call (the API reference does not cover empty tensors).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def topk(obj: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     torch_npu = TORCH_NPU.require()
     if fast:
         gating_softmax = _operator(torch_npu, "npu_moe_gating_top_k_softmax")
-        weights, ids, _ = gating_softmax(router_logits, k=obj.top_k)
+        weights, ids, _ = gating_softmax(router_logits.contiguous(), k=obj.top_k)
         weights = weights.float()
         if obj.renormalize:
             total = weights.sum(dim=-1, keepdim=True)
@@ -71,7 +74,7 @@ def topk(obj: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     # The contract scores grouped routing with a bias by sigmoid, whatever scoring_func says.
     norm_type = _NORM_TYPE[ScoringFunc.SIGMOID if grouped and bias is not None else scoring]
     weights, ids, _ = gating(
-        router_logits.float(),
+        router_logits.float().contiguous(),
         k=obj.top_k,
         bias=None if bias is None else bias.float(),
         k_group=obj.topk_group if grouped else 1,
@@ -108,7 +111,7 @@ def fused_moe(
     experts = w13.shape[0]
     ids = topk_ids.to(torch.int32)
     sorted_x, expanded_row_idx, tokens_per_expert, _ = init_routing(
-        x,
+        x.contiguous(),
         ids,
         active_num=tokens * top_k,
         expert_num=experts,
