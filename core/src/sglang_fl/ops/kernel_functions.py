@@ -69,11 +69,14 @@ def reference(
 
 def _cases() -> tuple[OpCase, ...]:
     cases = []
-    for tokens, hidden, with_addend in itertools.product(
-        (0, 1, 7, 33), (16, 128, 2048), (False, True)
-    ):
+    grid = itertools.product((0, 1, 7, 33), (16, 128, 2048), (False, True), (True,))
+    # hidden_states as a strided view (a slice of a wider buffer), with and without the addend.
+    strided = itertools.product((7,), (128,), (False, True), (False,))
+    for tokens, hidden, with_addend, contiguous in itertools.chain(grid, strided):
         name = f"tokens={tokens},hidden={hidden}" + (",addend" if with_addend else "")
-        cases.append(OpCase(name, {"tokens": tokens, "hidden": hidden, "addend": with_addend}))
+        name += "" if contiguous else ",strided"
+        params = {"tokens": tokens, "hidden": hidden, "addend": with_addend}
+        cases.append(OpCase(name, {**params, "contiguous": contiguous}))
     return tuple(cases)
 
 
@@ -82,7 +85,7 @@ def _make_inputs(
 ) -> OpInputs:
     p = case.params
     shape = (p["tokens"], p["hidden"])
-    hidden_states = random_tensor(shape, dtype, device, generator)
+    hidden_states = random_tensor(shape, dtype, device, generator, contiguous=p["contiguous"])
     # ~1/sqrt(hidden) like a trained gate, so the sigmoid is not saturated.
     gate = random_tensor((p["hidden"],), torch.float32, device, generator) / p["hidden"] ** 0.5
     shared_output = random_tensor(shape, dtype, device, generator)

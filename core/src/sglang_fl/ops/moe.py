@@ -181,8 +181,24 @@ def _topk_cases() -> tuple[OpCase, ...]:
             "grouped": grouped,
             "bias": bias,
             "scaled": scaled,
+            "contiguous": True,
         }
         cases.append(OpCase(f"tokens={tokens},experts={experts},top_k={top_k},{name}", params))
+    # Router logits as a strided view (a slice of a wider projection), once per routing.
+    experts, top_k = _EXPERTS_TOPK[0]
+    for name, scoring, renormalize, grouped, bias, scaled in _ROUTINGS:
+        params = {
+            "tokens": 33,
+            "experts": experts,
+            "top_k": top_k,
+            "scoring_func": scoring.value,
+            "renormalize": renormalize,
+            "grouped": grouped,
+            "bias": bias,
+            "scaled": scaled,
+            "contiguous": False,
+        }
+        cases.append(OpCase(f"tokens=33,experts={experts},top_k={top_k},{name},strided", params))
     return tuple(cases)
 
 
@@ -203,6 +219,8 @@ def _make_topk_inputs(
     # sigmoid needs a narrow range (it saturates), softmax a wide one.
     step = 0.25 if p["scoring_func"] == ScoringFunc.SOFTMAX else 4.0 / experts
     logits = _distinct_rows(tokens, experts, step, generator).to(device, dtype)
+    if not p["contiguous"]:  # every other column of a [tokens, 2 * experts] buffer
+        logits = torch.stack((logits, torch.zeros_like(logits)), dim=-1)[..., 0]
     bias = None
     if p["bias"]:
         # Spaced wider than any score difference, so the choice is the bias's alone and is the
@@ -328,9 +346,10 @@ def fused_moe_reference(
 
 def _fused_moe_cases() -> tuple[OpCase, ...]:
     cases = []
-    for tokens, (experts, top_k), activation in itertools.product(
-        (0, 1, 17), ((4, 1), (8, 2), (60, 4)), MoeActivation
-    ):
+    grid = itertools.product((0, 1, 17), ((4, 1), (8, 2), (60, 4)), MoeActivation, (True,))
+    # x as a strided view (a slice of a wider activation buffer), once per activation.
+    strided = itertools.product((17,), ((8, 2),), MoeActivation, (False,))
+    for tokens, (experts, top_k), activation, contiguous in itertools.chain(grid, strided):
         params = {
             "tokens": tokens,
             "experts": experts,
@@ -338,8 +357,10 @@ def _fused_moe_cases() -> tuple[OpCase, ...]:
             "hidden": 64,
             "intermediate": 32,
             "activation": activation.value,
+            "contiguous": contiguous,
         }
         name = f"tokens={tokens},experts={experts},top_k={top_k},{activation.value}"
+        name += "" if contiguous else ",strided"
         cases.append(OpCase(name, params))
     return tuple(cases)
 
@@ -350,7 +371,7 @@ def _make_fused_moe_inputs(
     p = case.params
     tokens, experts, top_k = p["tokens"], p["experts"], p["top_k"]
     hidden, inter = p["hidden"], p["intermediate"]
-    x = random_tensor((tokens, hidden), dtype, device, generator)
+    x = random_tensor((tokens, hidden), dtype, device, generator, contiguous=p["contiguous"])
     # Scaled like trained projections (~1/sqrt(fan_in)) so bf16 outputs stay O(1).
     w13 = random_tensor((experts, 2 * inter, hidden), torch.float32, device, generator)
     w2 = random_tensor((experts, hidden, inter), torch.float32, device, generator)
