@@ -153,14 +153,22 @@ def install_real_model_deps(session: nox.Session) -> None:
     session.install("-r", str(REAL_MODEL_REQUIREMENTS))
 
 
+def install_built(session: nox.Session, *wheels: Path, extra: tuple[str, ...] = ()) -> None:
+    """Install this checkout's wheels (with their dependencies and ``extra``).
+
+    ``--force-reinstall``: a venv reused with ``-r`` already holds a wheel of the same version,
+    which pip would keep, and the session would test the older code.
+    """
+    session.install("--force-reinstall", "--no-deps", *map(str, wheels))
+    session.install(*map(str, wheels), *extra)
+
+
 def install_sglang_and_core(session: nox.Session) -> Path:
     """SGLang with the real model's needs and this checkout's core wheel; returns the wheel."""
     install_sglang(session)
     install_real_model_deps(session)
     core = build(session, "core")["core"]
-    # --force-reinstall: a reused demo venv must run this checkout's core, not an older wheel.
-    session.install("--force-reinstall", "--no-deps", str(core))
-    session.install(str(core))  # its own dependencies (pluggy, ...)
+    install_built(session, core)  # a reused demo venv must run this checkout's core
     return core
 
 
@@ -185,7 +193,7 @@ def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
     wheels = build(session, "core")
-    session.install(str(wheels["core"]), "pytest")
+    install_built(session, wheels["core"], extra=("pytest",))
     session.run("pytest", "core/tests", *session.posargs)
 
 
@@ -206,7 +214,7 @@ def vendor(session: nox.Session, name: str) -> None:
     """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
     install_torch_cpu(session)
     built = build(session, "core", name)
-    session.install(str(built["core"]), str(built[name]), "pytest")
+    install_built(session, built["core"], built[name], extra=("pytest",))
     report = json.loads(
         session.run("sglang-fl", "plugins", "--json", silent=True, external=False) or "{}"
     )
@@ -226,7 +234,7 @@ def cross(session: nox.Session) -> None:
     # The README's Install commands run in a fresh venv of their own in pytest's temporary dir.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The Install test's venv")
     built = build(session, "core")
-    session.install(str(built["core"]), "pytest", "build", "setuptools>=77")
+    install_built(session, built["core"], extra=("pytest", "build", "setuptools>=77"))
     env = {"INSTALL_TEST_TORCH": TORCH_CPU}
     session.run("pytest", "tests/cross", *session.posargs, env=env)
 

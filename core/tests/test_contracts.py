@@ -22,6 +22,9 @@ def test_standard_ops_are_the_design_set():
         "layer_norm",
         "mrotary_embedding",
         "clamp_position",
+        "topk",
+        "fused_moe",
+        "fused_gate_sigmoid_mul",
     ]
 
 
@@ -42,6 +45,12 @@ def test_standard_ops_are_the_design_set():
         ("layer_norm", "layer_norm(obj, x)"),
         ("mrotary_embedding", "mrotary_embedding(obj, positions, query, key)"),  # as in FlagOS
         ("clamp_position", "clamp_position(obj, seq_lens)"),
+        ("topk", "topk(obj, router_logits)"),
+        ("fused_moe", "fused_moe(obj, x, w13, w2, topk_weights, topk_ids, activation='silu')"),
+        (
+            "fused_gate_sigmoid_mul",
+            "fused_gate_sigmoid_mul(obj, hidden_states, gate_weight, shared_output, addend=None)",
+        ),
     ],
 )
 def test_signature_text_is_the_design_signature(op, text):

@@ -22,6 +22,7 @@ EXPECTED_FILES = [
     "src/sglang_fl_acme_npu/impl/__init__.py",
     "src/sglang_fl_acme_npu/impl/activation.py",
     "src/sglang_fl_acme_npu/impl/attention.py",
+    "src/sglang_fl_acme_npu/impl/moe.py",
     "src/sglang_fl_acme_npu/impl/normalization.py",
     "src/sglang_fl_acme_npu/impl/rotary.py",
     "src/sglang_fl_acme_npu/plugin.py",
@@ -90,7 +91,7 @@ def test_render_substitutes_everywhere(tmp_path: Path) -> None:
 
 def test_stubs_raise_unsupported(tmp_path: Path) -> None:
     render(VendorNames.parse("acme_npu"), tmp_path)
-    for module in ("activation", "attention", "normalization", "rotary"):
+    for module in ("activation", "attention", "normalization", "rotary", "moe"):
         source = (tmp_path / f"src/sglang_fl_acme_npu/impl/{module}.py").read_text()
         assert "raise Unsupported(" in source
 
@@ -169,7 +170,8 @@ def test_cli_sub_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     args = parser.parse_args(["new-vendor", "acme_npu", "--dir", str(tmp_path / "proj")])
     assert args.handler(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"created sglang-fl-acme-npu in {tmp_path / 'proj'}/ (14 files):")
+    files = len(EXPECTED_FILES)
+    assert out.startswith(f"created sglang-fl-acme-npu in {tmp_path / 'proj'}/ ({files} files):")
     assert "  src/sglang_fl_acme_npu/backend.py\n" in out
     assert 'pip install -e ".[test]"' in out
     assert (tmp_path / "proj" / "tests" / "test_acme_npu_plugin.py").is_file()

@@ -19,6 +19,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
 from sglang_fl.ops import STANDARD_OPS
 from sglang_fl.testing.hardware import (
+    SGLANG_BASELINE_OPS,
     HardwareTarget,
     load_script,
     max_errors,
@@ -261,7 +262,12 @@ def test_each_case_is_timed_against_sglangs_own_method(
     sglang = FakeSglang()
     sglang.install(monkeypatch)
     target = fake_target()
-    rows = run_cases(target, dtypes=[torch.float16], repeat=2)
+    unbaselined = [op for op in STANDARD_OPS if op not in SGLANG_BASELINE_OPS]
+    others = run_cases(target, unbaselined, dtypes=[torch.float16], repeat=2)
+    assert others
+    assert all(r.status == "passed" and r.time_ratio is None for r in others)
+    assert sglang.calls == []  # no SGLang layer to time them against: checked, not timed
+    rows = run_cases(target, SGLANG_BASELINE_OPS, dtypes=[torch.float16], repeat=2)
     assert all(r.status == "passed" for r in rows)
     # An empty batch is checked but not timed: nothing to time, and SGLang may refuse it.
     timed = [r for r in rows if "tokens=0," not in r.case]
@@ -270,7 +276,7 @@ def test_each_case_is_timed_against_sglangs_own_method(
     # Per case: 2 timings (ours, SGLang's), each warmed up and synchronized before and after.
     assert target.synchronize.calls == 4 * len(timed)  # type: ignore[attr-defined]
     half_ops = {op for op, contract in STANDARD_OPS.items() if torch.float16 in contract.dtypes}
-    assert {op for op, _ in sglang.calls} == half_ops
+    assert {op for op, _ in sglang.calls} == half_ops & set(SGLANG_BASELINE_OPS)
     assert len(sglang.calls) == (3 + 2) * len(timed)  # 3 warm-up calls, 2 timed
     index_rows = run_cases(target, ["clamp_position"], repeat=1)  # its int32/int64 cases
     assert {r.dtype for r in index_rows} == {"int32", "int64"}

@@ -1,4 +1,4 @@
-"""Build tiny Llama / Qwen2 / Gemma-3 (text) checkpoints offline (no model hub is reachable in CI).
+"""Build tiny Llama, Qwen2, Gemma-3 (text) and MoE checkpoints offline (no model hub in CI).
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the Python standard library's
 own sources, so it needs nothing but the interpreter. Weights are random but seeded: the same
@@ -15,7 +15,17 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-ARCHITECTURES = ("llama", "qwen2", "gemma3")
+ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "gemma3",
+    "qwen3_moe",
+    "mixtral",
+    "qwen2_moe",
+)
+# MoE architectures: 8 experts, 2 per token, small expert MLPs.
+NUM_EXPERTS = 8
+EXPERTS_PER_TOKEN = 2
 VOCAB_SIZE = 512
 HIDDEN_SIZE = 64
 NUM_LAYERS = 2
@@ -82,6 +92,7 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
     }
+    moe = {"num_experts_per_tok": EXPERTS_PER_TOKEN}
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "qwen2":
@@ -96,6 +107,34 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=HIDDEN_SIZE // 4,
             sliding_window=512,
+        )
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(
+            **common,
+            **moe,
+            num_experts=NUM_EXPERTS,
+            moe_intermediate_size=HIDDEN_SIZE,
+            head_dim=HIDDEN_SIZE // 4,
+            norm_topk_prob=True,
+            use_sliding_window=False,
+        )
+    if arch == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(**common, **moe, num_local_experts=NUM_EXPERTS)
+    if arch == "qwen2_moe":  # with a gated shared expert
+        from transformers import Qwen2MoeConfig
+
+        return Qwen2MoeConfig(
+            **common,
+            **moe,
+            num_experts=NUM_EXPERTS,
+            moe_intermediate_size=HIDDEN_SIZE,
+            shared_expert_intermediate_size=2 * HIDDEN_SIZE,
+            norm_topk_prob=False,
+            use_sliding_window=False,
         )
     raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
 
@@ -129,8 +168,14 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama") -> Path:
     return out
 
 
-def hf_greedy(model_dir: str | Path, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation token ids from ``transformers``: the ground truth for SGLang."""
+def hf_greedy(
+    model_dir: str | Path, prompts: list[str], max_new_tokens: int, *, stop_at_eos: bool = False
+) -> list[list[int]]:
+    """Greedy continuation token ids from ``transformers``: the ground truth for SGLang.
+
+    By default exactly ``max_new_tokens`` (EOS suppressed); with ``stop_at_eos`` up to and
+    including the first EOS, as SGLang stops.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,7 +189,7 @@ def hf_greedy(model_dir: str | Path, prompts: list[str], max_new_tokens: int) ->
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
+                min_new_tokens=0 if stop_at_eos else max_new_tokens,
                 do_sample=False,
             )
             results.append(out[0, ids.shape[1] :].tolist())

@@ -17,6 +17,7 @@ import pytest
 import torch
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, rms_norm
 from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
 from torch_npu_double import TorchNpuDouble
@@ -38,6 +39,10 @@ CASES = [
 # (LayerNorm) or has no NPU path (ClampPositionOp); the reference runs on torch_npu's aten ops.
 WITHOUT_OPERATOR = {"layer_norm", "clamp_position"}
 
+# Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
+# matmul, finalize).
+CALLS = {"fused_moe": 5}
+
 
 def test_ops_without_an_operator_are_declared_with_a_reason() -> None:
     declared = {op for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
@@ -48,7 +53,13 @@ def test_ops_without_an_operator_are_declared_with_a_reason() -> None:
 def declined(op: str, params: Mapping[str, Any], dtype: torch.dtype) -> bool:
     """The calls the adapters hand back with Unsupported: npu_mrope takes head sizes and
     rotary dims in multiples of 32 in half precision (16 in float32), documented layouts only
-    (no interleaved mrope sections) and a cache in the query dtype."""
+    (no interleaved mrope sections) and a cache in the query dtype; npu_moe_gating_top_k always
+    renormalises; the torch_npu MoE path fuses silu only."""
+    if op == "topk":
+        plain = not params["grouped"] and not params["bias"] and params["scoring_func"] == "softmax"
+        return not plain and not params["renormalize"]
+    if op == "fused_moe":
+        return bool(params["activation"] != "silu")
     if op not in ("rotary_embedding", "mrotary_embedding"):
         return False
     sizes = (params["rotary_dim"], params.get("head_size", params["rotary_dim"]))
@@ -71,6 +82,8 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "gelu_quick": gelu_quick,
         "gemma_rms_norm": gemma_rms_norm,
         "mrotary_embedding": mrotary_embedding,
+        "topk": topk,
+        "fused_moe": fused_moe,
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():
@@ -86,8 +99,10 @@ def test_contract_case(
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    # One operator call, but none for a declined call or an empty batch (torch_npu refuses it).
-    assert len(torch_npu.calls) == (expected == PASSED and case.params["tokens"] > 0)
+    # No operator call for a declined call or an empty batch (torch_npu refuses it); one per
+    # case otherwise, or the chain CALLS counts.
+    calls = CALLS.get(op, 1) if expected == PASSED and case.params["tokens"] > 0 else 0
+    assert len(torch_npu.calls) == calls, torch_npu.called
 
 
 def test_silu_and_mul_is_npu_swiglu_over_the_last_dim(torch_npu: TorchNpuDouble) -> None:
@@ -329,3 +344,123 @@ def test_mrope_declines_sizes_npu_mrope_does_not_align(torch_npu: TorchNpuDouble
     with pytest.raises(Unsupported, match=r"got head_size 16, rotary_dim 16 in torch\.bfloat16"):
         mrotary_embedding(obj, positions, query, key)
     assert torch_npu.calls == []
+
+
+# --- MoE -------------------------------------------------------------------------------------
+
+
+def router(**options: object) -> SimpleNamespace:
+    config = {
+        "top_k": 4,
+        "renormalize": True,
+        "scoring_func": "softmax",
+        "use_grouped_topk": False,
+        "num_expert_group": None,
+        "topk_group": None,
+        "correction_bias": None,
+        "routed_scaling_factor": None,
+        "apply_routed_scaling_factor_on_output": False,
+    }
+    config.update(options)
+    return SimpleNamespace(**config)
+
+
+def test_topk_plain_softmax_is_the_gating_softmax_operator(torch_npu: TorchNpuDouble) -> None:
+    logits = torch.randn(3, 16, dtype=torch.bfloat16)
+    weights, ids = topk(router(), logits)
+    ((name, args, kwargs),) = torch_npu.calls
+    assert name == "npu_moe_gating_top_k_softmax"
+    assert args[0] is logits
+    assert kwargs == {"finished": None, "k": 4}
+    assert (weights.dtype, ids.dtype) == (torch.float32, torch.int32)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(3))
+
+
+def test_topk_grouped_with_bias_is_deepseek_style_gating(torch_npu: TorchNpuDouble) -> None:
+    bias = torch.randn(16)
+    config = router(
+        scoring_func="sigmoid",
+        use_grouped_topk=True,
+        num_expert_group=4,
+        topk_group=2,
+        correction_bias=bias,
+        routed_scaling_factor=2.5,
+        apply_routed_scaling_factor_on_output=True,
+    )
+    topk(config, torch.randn(3, 16, dtype=torch.bfloat16))
+    ((name, (x, k), kwargs),) = torch_npu.calls
+    assert name == "npu_moe_gating_top_k"
+    assert (x.dtype, k) == (torch.float32, 4)
+    assert torch.equal(kwargs.pop("bias"), bias)
+    assert kwargs == {
+        "k_group": 2,
+        "group_count": 4,
+        "group_select_mode": 1,  # groups ranked by their best two biased scores
+        "renorm": 0,
+        "norm_type": 1,
+        "out_flag": False,
+        "routed_scaling_factor": 2.5,
+        "eps": 1e-20,
+    }
+
+
+def test_topk_declines_sigmoid_without_renormalize_before_calling(
+    torch_npu: TorchNpuDouble,
+) -> None:
+    with pytest.raises(Unsupported, match="renormalize=False"):
+        topk(router(scoring_func="sigmoid", renormalize=False), torch.randn(2, 8))
+    assert torch_npu.calls == []
+
+
+def test_fused_moe_routes_with_quant_mode_given_explicitly(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    w13 = torch.randn(4, 8, 16, dtype=torch.bfloat16)
+    w2 = torch.randn(4, 16, 4, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    out = fused_moe(None, x, w13, w2, torch.full((3, 2), 0.5), ids)
+    names = [call[0] for call in torch_npu.calls]
+    assert names == [
+        "npu_moe_init_routing_v2",
+        "npu_grouped_matmul",
+        "npu_swiglu",
+        "npu_grouped_matmul",
+        "npu_moe_finalize_routing",
+    ]
+    routing = torch_npu.calls[0][2]
+    assert routing["quant_mode"] == -1
+    assert routing["expert_num"] == 4
+    assert routing["active_num"] == 6
+    assert torch_npu.calls[1][1][1][0].shape == (4, 16, 8), "weights passed as [experts, in, out]"
+    assert (out.shape, out.dtype) == ((3, 16), torch.bfloat16)
+
+
+def test_fused_moe_declines_gelu_before_calling(torch_npu: TorchNpuDouble) -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(Unsupported, match="silu only"):
+        fused_moe(
+            None,
+            x,
+            torch.randn(2, 8, 16),
+            torch.randn(2, 16, 4),
+            torch.ones(2, 1),
+            torch.zeros(2, 1, dtype=torch.int32),
+            "gelu",
+        )
+    assert torch_npu.calls == []
+
+
+def test_topk_and_fused_moe_pack_strided_inputs(torch_npu: TorchNpuDouble) -> None:
+    logits = torch.randn(3, 32, dtype=torch.bfloat16)[:, ::2]
+    topk(router(), logits)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)[:, ::2]
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    w13 = torch.randn(4, 8, 16, dtype=torch.bfloat16)
+    fused_moe(None, x, w13, torch.randn(4, 16, 4, dtype=torch.bfloat16), torch.ones(3, 2), ids)
+    gating_call, routing_call = torch_npu.calls[0], torch_npu.calls[1]
+    assert (gating_call.name, routing_call.name) == (
+        "npu_moe_gating_top_k_softmax",
+        "npu_moe_init_routing_v2",
+    )
+    for call, given in ((gating_call, logits), (routing_call, x)):
+        assert call.args[0].is_contiguous()
+        assert torch.equal(call.args[0], given)

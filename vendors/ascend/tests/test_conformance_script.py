@@ -52,8 +52,15 @@ def test_every_case_passes_or_is_declined(script: ModuleType, torch_npu: TorchNp
     assert len(found) == sum(len(c.cases) for c in registered)
     declined = [r for r in found if r.status == "skipped"]
     # npu_mrope takes bf16 head sizes in multiples of 32 only (rotary_dim 16 is handed on), no
-    # interleaved mrope sections and no float32 cache with bf16 queries.
-    assert {r.op for r in declined} == {"rotary_embedding", "mrotary_embedding"}
+    # interleaved mrope sections and no float32 cache with bf16 queries; the MoE adapters
+    # decline what test_adapters.declined lists.
+    assert {r.op for r in declined} <= {
+        "rotary_embedding",
+        "mrotary_embedding",
+        "topk",
+        "fused_moe",
+    }
+    assert {"rotary_embedding", "mrotary_embedding"} <= {r.op for r in declined}
     plain = [r for r in declined if r.op == "rotary_embedding"]
     assert all("rotary_dim=16," in r.case for r in plain)
     assert "npu_mrope needs head_size and rotary_dim in multiples of 32" in plain[0].message
@@ -63,6 +70,7 @@ def test_every_case_passes_or_is_declined(script: ModuleType, torch_npu: TorchNp
             continue
         assert result.status == "passed", result.message
         assert result.max_abs is not None
+        tolerance = STANDARD_OPS[result.op].tolerance(torch.bfloat16)
         assert result.max_abs <= tolerance.atol * 4, result
         assert result.time_ratio is None  # timing skipped (repeat=0)
 

@@ -67,7 +67,96 @@ def mrope(
     )
 
 
+def gating_softmax(x: torch.Tensor, k: int = 2) -> Call:
+    return lambda sdk: sdk.npu_moe_gating_top_k_softmax(x, k=k)
+
+
+def gating(
+    x: torch.Tensor | None = None,
+    k: int = 2,
+    bias: torch.Tensor | None = None,
+    group_count: int = 4,
+    k_group: int = 2,
+    norm_type: int = 1,
+) -> Call:
+    """A valid grouped call (3 tokens, 16 experts in 4 groups, top 2) with parts replaced."""
+    x = t(3, 16, dtype=torch.float32) if x is None else x
+    return lambda sdk: sdk.npu_moe_gating_top_k(
+        x,
+        k=k,
+        bias=bias,
+        k_group=k_group,
+        group_count=group_count,
+        group_select_mode=1,
+        renorm=0,
+        norm_type=norm_type,
+        out_flag=False,
+        routed_scaling_factor=1.0,
+        eps=1e-20,
+    )
+
+
+IDS = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+
+
+def init_routing(x: torch.Tensor | None = None, ids: torch.Tensor = IDS, **options: object) -> Call:
+    """A valid unquantized routing call (3 tokens, top 2 of 4 experts) with options replaced."""
+    x = t(3, 16) if x is None else x
+    kwargs: dict[str, object] = {
+        "active_num": ids.numel(),
+        "expert_num": 4,
+        "expert_tokens_num_type": 1,
+        "expert_tokens_num_flag": True,
+        "active_expert_range": [0, 4],
+        "quant_mode": -1,
+    }
+    kwargs.update(options)
+    return lambda sdk: sdk.npu_moe_init_routing_v2(x, ids, **kwargs)
+
+
+def grouped_matmul(
+    x: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    group_list: torch.Tensor | None = None,
+) -> Call:
+    """A valid call: 6 rows in groups of (1, 2, 3, 0) through 4 weights [16, 8]."""
+    x = t(6, 16) if x is None else x
+    weight = t(4, 16, 8) if weight is None else weight
+    counts = torch.tensor([1, 2, 3, 0]) if group_list is None else group_list
+    return lambda sdk: sdk.npu_grouped_matmul(
+        [x],
+        [weight],
+        split_item=2,
+        group_list_type=1,
+        group_type=0,
+        group_list=counts,
+        output_dtype=x.dtype,
+    )
+
+
+def finalize(
+    rows: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+    ids: torch.Tensor = IDS,
+) -> Call:
+    """A valid call gathering 3 tokens' top-2 rows back."""
+    rows = t(6, 16) if rows is None else rows
+    scales = torch.full(tuple(ids.shape), 0.5, dtype=rows.dtype) if scales is None else scales
+    positions = torch.arange(ids.numel(), dtype=torch.int32)
+    return lambda sdk: sdk.npu_moe_finalize_routing(
+        rows, None, None, None, scales, positions, ids, drop_pad_mode=0
+    )
+
+
 VALID: list[Call] = [
+    gating_softmax(t(3, 8)),
+    gating_softmax(t(2, 3, 8, dtype=torch.bfloat16)),
+    gating(),
+    gating(x=t(3, 16, dtype=torch.float32), bias=t(16, dtype=torch.float32), norm_type=0),
+    gating(group_count=1, k_group=1),
+    init_routing(),
+    grouped_matmul(),
+    finalize(),
     swiglu(t(3, 16)),
     swiglu(t(2, 6, 4), dim=1),
     geglu(t(3, 16)),
@@ -97,6 +186,18 @@ REJECTED: dict[Constraint, Call] = {
     D.ADD_RMS_NORM_NOT_EMPTY: add_rms_norm(t(0, 16), t(0, 16), t(16)),
     D.MROPE_POSITIONS: mrope(positions=torch.tensor([0.0, 5.0, 2.0])),
     D.MROPE_OPERANDS: mrope(cache=t(8, 32, dtype=torch.float32)),
+    D.MOE_NOT_EMPTY: init_routing(x=t(0, 16), ids=torch.empty(0, 2, dtype=torch.int32)),
+    D.GATING_SOFTMAX_OPERANDS: gating_softmax(t(3, 8), k=9),
+    D.GATING_X: gating(x=t(3, 4096, dtype=torch.float32), group_count=1, k_group=1),
+    D.GATING_GROUPS: gating(group_count=3),  # 16 experts do not split into 3 groups
+    D.GATING_BIAS: gating(bias=t(16)),  # float16 bias, float32 x
+    D.GATING_MODES: gating(norm_type=2),
+    D.INIT_ROUTING_QUANT_MODE: init_routing(quant_mode=None),
+    D.INIT_ROUTING_X: init_routing(x=t(3, 2, 8)),
+    D.INIT_ROUTING_EXPERT_IDX: init_routing(ids=IDS.long()),
+    D.GROUPED_MATMUL_OPERANDS: grouped_matmul(weight=t(4, 16, 8, dtype=torch.bfloat16)),
+    D.GROUPED_MATMUL_GROUP_LIST: grouped_matmul(group_list=torch.tensor([1, 2, 3, 0]).int()),
+    D.FINALIZE_OPERANDS: finalize(scales=torch.full((3, 2), 0.5)),  # float32, rows float16
     D.MROPE_ALIGNMENT: mrope(query=t(3, 4 * 16), cache=t(8, 16), head_size=16),  # fp16: 32
 }
 
@@ -104,6 +205,69 @@ REJECTED: dict[Constraint, Call] = {
 test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_is_covered = (
     constraint_tests(TorchNpuDouble, VALID, REJECTED)
 )
+
+
+def test_init_routing_without_quant_mode_is_refused() -> None:
+    """The call left to the operator's default (quant_mode=0, static quantization, in the
+    7.0.0 API reference) is refused: the adapter must always say -1."""
+    sdk = TorchNpuDouble()
+    with pytest.raises(ConstraintViolation, match="quant_mode passed explicitly"):
+        sdk.npu_moe_init_routing_v2(
+            t(3, 16),
+            IDS,
+            active_num=6,
+            expert_num=4,
+            expert_tokens_num_type=1,
+            expert_tokens_num_flag=True,
+            active_expert_range=[0, 4],
+        )
+
+
+def test_modes_the_double_does_not_compute_are_refused() -> None:
+    with pytest.raises(NotImplementedError, match="quantized routing"):
+        init_routing(quant_mode=0)(TorchNpuDouble())
+    with pytest.raises(NotImplementedError, match="skips"):
+        TorchNpuDouble().npu_moe_finalize_routing(
+            t(6, 16),
+            t(3, 16),
+            None,
+            None,
+            torch.full((3, 2), 0.5, dtype=torch.float16),
+            torch.arange(6, dtype=torch.int32),
+            IDS,
+        )
+
+
+def test_moe_return_conventions() -> None:
+    """New tensors: (y, ids, row_idx); (y, ids, None); (sorted x, positions, counts, None);
+    [y]; out. Routing, matmuls and finalize compose to the per-token weighted sum."""
+    sdk = TorchNpuDouble()
+    y, ids, rows = sdk.npu_moe_gating_top_k_softmax(t(3, 8), k=2)
+    assert (y.dtype, ids.dtype, rows.dtype, rows.shape) == (
+        torch.float16,
+        torch.int32,
+        torch.int32,
+        (3, 2),
+    )
+    assert gating()(sdk)[2] is None  # type: ignore[index]
+    x = t(3, 16)
+    sorted_x, positions, counts, scale = init_routing(x=x)(sdk)  # type: ignore[misc]
+    assert scale is None
+    assert counts.tolist() == [1, 2, 2, 1]
+    assert torch.equal(sorted_x[positions.long()], x.repeat_interleave(2, dim=0))
+    (out,) = sdk.npu_grouped_matmul(
+        [sorted_x],
+        [torch.eye(16, dtype=torch.float16).expand(4, 16, 16)],
+        split_item=2,
+        group_list_type=1,
+        group_type=0,
+        group_list=counts,
+        output_dtype=torch.float16,
+    )
+    assert torch.equal(out, sorted_x)
+    half = torch.full((3, 2), 0.5, dtype=torch.float16)
+    total = sdk.npu_moe_finalize_routing(out, None, None, None, half, positions, IDS)
+    torch.testing.assert_close(total, x, rtol=1e-3, atol=1e-3)  # 0.5 * x + 0.5 * x
 
 
 def test_return_conventions() -> None:

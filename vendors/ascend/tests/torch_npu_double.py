@@ -6,11 +6,16 @@ methods call, their argument order and return tuples: ``npu_swiglu`` -> ``y``,
 ``npu_geglu`` -> ``(y, gelu)``, ``npu_gelu`` -> ``y``, ``npu_fast_gelu`` -> ``y``,
 ``npu_rms_norm`` -> ``(y, rstd)``, ``npu_add_rms_norm`` -> ``(y, rstd, x1 + x2)``,
 ``npu_mrope`` -> ``(query, key)`` (plain rope with ``[tokens]`` positions, mrope sections with
-``[3, tokens]``), and ``npu.device_count()``. Every operator returns new
+``[3, tokens]``), the MoE operators SGLang's NPU MoE path calls
+(``npu_moe_gating_top_k_softmax`` -> ``(y, expert_idx, row_idx)``, ``npu_moe_gating_top_k`` ->
+``(y, expert_idx, out)``, ``npu_moe_init_routing_v2`` -> ``(expanded_x, expanded_row_idx,
+expert_tokens_count, expanded_scale)``, ``npu_grouped_matmul`` -> ``[y]``,
+``npu_moe_finalize_routing`` -> ``out``), and ``npu.device_count()``. Every operator returns new
 tensors and never writes its inputs. Every precondition the torch_npu API reference documents
 for them is a :class:`~sglang_fl.testing.doubles.Constraint` naming that page; a call the real
 operator would reject raises :class:`~sglang_fl.testing.doubles.ConstraintViolation`. Each call
-is recorded in :attr:`TorchNpuDouble.calls`.
+is recorded in :attr:`TorchNpuDouble.calls`. Modes the double does not compute (quantized
+routing, drop/pad, skips and biases) raise ``NotImplementedError`` rather than a wrong result.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # The torch_npu API reference pages (hiascend.com, PyTorch apiref); quoted where the page says
 # it in so many words, else the section that states the constraint.
 API_DOC = "torch_npu API reference (hiascend.com, PyTorch apiref), {}: {}"
+# An input the API reference does not cover (an empty batch): the double refuses it, being
+# at least as strict as the real operator, whose behaviour there is not promised.
+UNDOCUMENTED = "not covered by the torch_npu API reference of the MoE operators"
 
 
 class TorchNpuDouble(SdkDouble):
@@ -125,6 +133,107 @@ class TorchNpuDouble(SdkDouble):
         "head_size and rotary_dim (the cache width) multiples of 32 for float16/bfloat16 and "
         "of 16 for float32",
         API_DOC.format("torch_npu.npu_mrope", "constraints section (head_size, rotary_dim)"),
+    )
+
+    # -- MoE: how SGLang 0.5.23 calls them is in sglang/srt/hardware_backend/npu/moe/ --------
+    MOE_NOT_EMPTY = Constraint(
+        "npu_moe_gating_top_k(_softmax)/npu_moe_init_routing_v2/npu_grouped_matmul/"
+        "npu_moe_finalize_routing",
+        "at least one token",
+        UNDOCUMENTED,
+        "is undefined",
+    )
+    # npu_moe_gating_top_k_softmax(x, finished=None, k=1) -> (y, expert_idx, row_idx)
+    GATING_SOFTMAX_OPERANDS = Constraint(
+        "npu_moe_gating_top_k_softmax",
+        "2-D or 3-D float16/bfloat16/float32 x, 0 < k <= experts, a bool finished when given",
+        API_DOC.format(
+            "torch_npu.npu_moe_gating_top_k_softmax", "parameter description of x, finished, k"
+        ),
+    )
+    # npu_moe_gating_top_k(x, k, *, bias, k_group, group_count, group_select_mode, renorm,
+    #                      norm_type, out_flag, routed_scaling_factor, eps) -> (y, idx, out)
+    GATING_X = Constraint(
+        "npu_moe_gating_top_k",
+        "2-D float16/bfloat16/float32 x [tokens, experts] with at most 2048 experts",
+        API_DOC.format("torch_npu.npu_moe_gating_top_k", "parameter description of x"),
+    )
+    GATING_GROUPS = Constraint(
+        "npu_moe_gating_top_k",
+        "group_count dividing the experts, 1 <= k_group <= group_count and "
+        "1 <= k <= experts / group_count * k_group",
+        API_DOC.format("torch_npu.npu_moe_gating_top_k", "parameter description of k, k_group"),
+    )
+    GATING_BIAS = Constraint(
+        "npu_moe_gating_top_k",
+        "a bias [experts] in x's dtype when one is given",
+        API_DOC.format("torch_npu.npu_moe_gating_top_k", "parameter description of bias"),
+    )
+    GATING_MODES = Constraint(
+        "npu_moe_gating_top_k",
+        "group_select_mode 0 (group max) or 1 (sum of the best two), norm_type 0 (softmax) or "
+        "1 (sigmoid), renorm 0 (normalise, then choose)",
+        API_DOC.format(
+            "torch_npu.npu_moe_gating_top_k",
+            "parameter description of group_select_mode, norm_type, renorm (only 0 supported)",
+        ),
+    )
+    # npu_moe_init_routing_v2(x, expert_idx, *, scale, offset, active_num, expert_capacity,
+    #     expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
+    #     active_expert_range, row_idx_type) -> (expanded_x, expanded_row_idx, counts, scale)
+    INIT_ROUTING_QUANT_MODE = Constraint(
+        "npu_moe_init_routing_v2",
+        "quant_mode passed explicitly (-1: unquantized)",
+        API_DOC.format(
+            "torch_npu.npu_moe_init_routing_v2 (PyTorch 7.0.0)",
+            "the prototype's default is quant_mode=0 (static quantization), other torch_npu "
+            "branches default to -1 (op-plugin MoeInitRoutingV2KernelNpuOpApi.cpp: "
+            "QUANT_MODE_UNQUANT = -1, QUANT_MODE_STATIC = 0)",
+        ),
+        "quantizes the activations on the branches whose default is 0",
+    )
+    INIT_ROUTING_X = Constraint(
+        "npu_moe_init_routing_v2",
+        "2-D x [NUM_ROWS, H] in float16/bfloat16/float32",
+        API_DOC.format(
+            "torch_npu.npu_moe_init_routing_v2",
+            "x 要求为2D的Tensor; 数据类型支持float16、bfloat16、float32",
+        ),
+    )
+    INIT_ROUTING_EXPERT_IDX = Constraint(
+        "npu_moe_init_routing_v2",
+        "2-D int32 expert_idx [NUM_ROWS, K] with ids below expert_num, active_num = NUM_ROWS * K",
+        API_DOC.format(
+            "torch_npu.npu_moe_init_routing_v2",
+            "expert_idx 要求是2D的Tensor, shape为(NUM_ROWS, K), 且专家id不能超过专家数; "
+            "数据类型支持int32",
+        ),
+    )
+    # npu_grouped_matmul(x, weight, *, bias, group_list, split_item, group_type,
+    #                    group_list_type, output_dtype) -> [y]
+    GROUPED_MATMUL_OPERANDS = Constraint(
+        "npu_grouped_matmul",
+        "x [[M, K]] and weight [[g, K, N]] in one float16/bfloat16/float32 dtype, output_dtype "
+        "that dtype",
+        API_DOC.format("torch_npu.npu_grouped_matmul", "parameter description of x, weight"),
+    )
+    GROUPED_MATMUL_GROUP_LIST = Constraint(
+        "npu_grouped_matmul",
+        "a 1-D int64 group_list of g per-group row counts (group_list_type 1) summing to M",
+        API_DOC.format(
+            "torch_npu.npu_grouped_matmul", "parameter description of group_list, group_list_type"
+        ),
+    )
+    # npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
+    #     expanded_src_to_dst_row, export_for_source_row, drop_pad_mode) -> out
+    FINALIZE_OPERANDS = Constraint(
+        "npu_moe_finalize_routing",
+        "scales [NUM_ROWS, K] in the rows' dtype, int32 export_for_source_row of scales' shape, "
+        "int32 expanded_src_to_dst_row [NUM_ROWS * K]",
+        API_DOC.format(
+            "torch_npu.npu_moe_finalize_routing",
+            "parameter description of scales, expanded_src_to_dst_row, export_for_source_row",
+        ),
     )
 
     def __init__(self, devices: int = 1) -> None:
@@ -271,6 +380,261 @@ class TorchNpuDouble(SdkDouble):
             _rope(key, cos, sin, head_size, rotary_dim, neox),
         )
 
+    def npu_moe_gating_top_k_softmax(
+        self, x: torch.Tensor, finished: torch.Tensor | None = None, k: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Top-k of softmax(x): ``y`` in x's dtype, int32 ids, int32 ``row_idx``."""
+        self.record("npu_moe_gating_top_k_softmax", x, finished=finished, k=k)
+        self.GATING_SOFTMAX_OPERANDS.check(
+            x.dim() in (2, 3)
+            and x.dtype in FLOATS
+            and 0 < k <= x.shape[-1]
+            and (finished is None or finished.dtype == torch.bool),
+            f"x {x.dtype} {tuple(x.shape)}, k {k}",
+        )
+        self.MOE_NOT_EMPTY.check(x.numel() > 0, f"x {tuple(x.shape)}")
+        _unmodeled(finished is None, "a finished mask")
+        y, ids = torch.topk(x.float().softmax(dim=-1), k, dim=-1)
+        rows = torch.arange(ids.numel(), dtype=torch.int32).view(k, -1).t().reshape(ids.shape)
+        return y.to(x.dtype), ids.to(torch.int32), rows
+
+    def npu_moe_gating_top_k(
+        self,
+        x: torch.Tensor,
+        k: int,
+        *,
+        bias: torch.Tensor | None = None,
+        k_group: int = 1,
+        group_count: int = 1,
+        group_select_mode: int = 0,
+        renorm: int = 0,
+        norm_type: int = 0,
+        out_flag: bool = False,
+        routed_scaling_factor: float = 1.0,
+        eps: float = 1e-20,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """aclnnMoeGatingTopK: norm, + bias for the choice, groups, top-k, y / (sum + eps) * f."""
+        self.record(
+            "npu_moe_gating_top_k",
+            x,
+            k,
+            bias=bias,
+            k_group=k_group,
+            group_count=group_count,
+            group_select_mode=group_select_mode,
+            renorm=renorm,
+            norm_type=norm_type,
+            out_flag=out_flag,
+            routed_scaling_factor=routed_scaling_factor,
+            eps=eps,
+        )
+        self.GATING_X.check(
+            x.dim() == 2 and x.dtype in FLOATS and x.shape[-1] <= 2048,
+            f"x {x.dtype} {tuple(x.shape)}",
+        )
+        tokens, experts = x.shape
+        self.GATING_GROUPS.check(
+            group_count >= 1
+            and experts % group_count == 0
+            and 1 <= k_group <= group_count
+            and 1 <= k <= experts // group_count * k_group,
+            f"{experts} experts, group_count {group_count}, k_group {k_group}, k {k}",
+        )
+        self.GATING_BIAS.check(
+            bias is None or (tuple(bias.shape) == (experts,) and bias.dtype == x.dtype),
+            "" if bias is None else f"bias {bias.dtype} {tuple(bias.shape)}",
+        )
+        self.GATING_MODES.check(
+            group_select_mode in (0, 1) and norm_type in (0, 1) and renorm == 0,
+            f"group_select_mode {group_select_mode}, norm_type {norm_type}, renorm {renorm}",
+        )
+        self.MOE_NOT_EMPTY.check(tokens > 0, f"x {tuple(x.shape)}")
+        _unmodeled(not out_flag, "out_flag=True (the normalised scores as a third output)")
+        scores = x.float().softmax(dim=-1) if norm_type == 0 else x.float().sigmoid()
+        choice = scores if bias is None else scores + bias.float()
+        if group_count > 1:
+            grouped = choice.view(tokens, group_count, -1)
+            group_score = (
+                grouped.max(dim=-1).values
+                if group_select_mode == 0
+                else grouped.topk(2, dim=-1).values.sum(dim=-1)
+            )
+            chosen = torch.topk(group_score, k_group, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, chosen, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(experts // group_count, 1), -1e30)
+        ids = torch.topk(choice, k, dim=-1).indices
+        y = scores.gather(1, ids)
+        y = y / (y.sum(dim=-1, keepdim=True) + eps) * routed_scaling_factor
+        return y.to(x.dtype), ids.to(torch.int32), None
+
+    def npu_moe_init_routing_v2(
+        self,
+        x: torch.Tensor,
+        expert_idx: torch.Tensor,
+        *,
+        scale: torch.Tensor | None = None,
+        offset: torch.Tensor | None = None,
+        active_num: int = -1,
+        expert_capacity: int = -1,
+        expert_num: int = -1,
+        drop_pad_mode: int = 0,
+        expert_tokens_num_type: int = 0,
+        expert_tokens_num_flag: bool = False,
+        quant_mode: int | None = None,  # None: not passed (the default differs by branch)
+        active_expert_range: list[int] | None = None,
+        row_idx_type: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rows of ``x`` sorted by expert (stable), where each source row (token-major flat
+        index ``t * k + j``) went, and per-expert counts."""
+        self.record(
+            "npu_moe_init_routing_v2",
+            x,
+            expert_idx,
+            active_num=active_num,
+            expert_num=expert_num,
+            expert_tokens_num_type=expert_tokens_num_type,
+            expert_tokens_num_flag=expert_tokens_num_flag,
+            active_expert_range=active_expert_range,
+            quant_mode=quant_mode,
+        )
+        self.INIT_ROUTING_QUANT_MODE.check(quant_mode is not None, "no quant_mode")
+        self.INIT_ROUTING_X.check(
+            x.dim() == 2 and x.dtype in FLOATS, f"x {x.dtype} {tuple(x.shape)}"
+        )
+        flat = expert_idx.reshape(-1).long()
+        self.INIT_ROUTING_EXPERT_IDX.check(
+            expert_idx.dim() == 2
+            and expert_idx.dtype == torch.int32
+            and expert_idx.shape[0] == x.shape[0]
+            and active_num == expert_idx.numel()
+            and bool(((flat >= 0) & (flat < expert_num)).all()),
+            f"expert_idx {expert_idx.dtype} {tuple(expert_idx.shape)}, x rows {x.shape[0]}, "
+            f"active_num {active_num}, expert_num {expert_num}",
+        )
+        self.MOE_NOT_EMPTY.check(x.shape[0] > 0, f"x {tuple(x.shape)}")
+        _unmodeled(
+            quant_mode == -1 and scale is None and offset is None,
+            f"quant_mode {quant_mode} (quantized routing) or a scale/offset",
+        )
+        _unmodeled(
+            drop_pad_mode == 0
+            and expert_capacity == -1
+            and row_idx_type == 0
+            and active_expert_range == [0, expert_num]
+            and expert_tokens_num_type == 1
+            and expert_tokens_num_flag,
+            "drop/pad, scatter indices, expert ranges or cumsum counts",
+        )
+        order = torch.sort(flat, stable=True).indices
+        destination = torch.empty_like(order)
+        destination[order] = torch.arange(order.numel())
+        sorted_x = x[order // expert_idx.shape[1]]
+        counts = torch.bincount(flat, minlength=expert_num).to(torch.int64)
+        return sorted_x, destination.to(torch.int32), counts, None
+
+    def npu_grouped_matmul(
+        self,
+        x: list[torch.Tensor],
+        weight: list[torch.Tensor],
+        *,
+        bias: list[torch.Tensor] | None = None,
+        group_list: torch.Tensor | None = None,
+        split_item: int = 0,
+        group_type: int = -1,
+        group_list_type: int = 0,
+        output_dtype: torch.dtype | None = None,
+    ) -> list[torch.Tensor]:
+        """One matmul per group of rows: rows of group g times ``weight[0][g]`` ``[in, out]``."""
+        self.record(
+            "npu_grouped_matmul",
+            x,
+            weight,
+            split_item=split_item,
+            group_list_type=group_list_type,
+            group_type=group_type,
+            group_list=group_list,
+            output_dtype=output_dtype,
+        )
+        _unmodeled(
+            len(x) == 1
+            and len(weight) == 1
+            and bias is None
+            and split_item in (2, 3)
+            and group_type == 0
+            and group_list_type == 1,
+            "several x/weight tensors, biases, or groups other than row counts",
+        )
+        rows, weights = x[0], weight[0]
+        self.GROUPED_MATMUL_OPERANDS.check(
+            rows.dim() == 2
+            and weights.dim() == 3
+            and weights.shape[1] == rows.shape[1]
+            and rows.dtype in FLOATS
+            and weights.dtype == rows.dtype
+            and output_dtype == rows.dtype,
+            f"x {rows.dtype} {tuple(rows.shape)}, weight {weights.dtype} "
+            f"{tuple(weights.shape)}, output_dtype {output_dtype}",
+        )
+        counts = torch.empty(0, dtype=torch.int64) if group_list is None else group_list
+        self.GROUPED_MATMUL_GROUP_LIST.check(
+            counts.dtype == torch.int64
+            and tuple(counts.shape) == (weights.shape[0],)
+            and int(counts.sum()) == rows.shape[0],
+            f"group_list {group_list if group_list is None else tuple(counts.shape)} "
+            f"{counts.dtype}, {rows.shape[0]} rows",
+        )
+        self.MOE_NOT_EMPTY.check(rows.shape[0] > 0, f"x {tuple(rows.shape)}")
+        outputs = [
+            (part.float() @ weights[g].float()).to(rows.dtype)  # output_dtype, checked above
+            for g, part in enumerate(rows.split(counts.tolist()))
+        ]
+        return [torch.cat(outputs)]
+
+    def npu_moe_finalize_routing(
+        self,
+        expanded_permuted_rows: torch.Tensor,
+        skip1: torch.Tensor | None,
+        skip2: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        scales: torch.Tensor,
+        expanded_src_to_dst_row: torch.Tensor,
+        export_for_source_row: torch.Tensor,
+        drop_pad_mode: int = 0,
+    ) -> torch.Tensor:
+        """``out[t] = sum_j scales[t, j] * rows[expanded_src_to_dst_row[t * k + j]]``."""
+        self.record(
+            "npu_moe_finalize_routing",
+            expanded_permuted_rows,
+            skip1,
+            skip2,
+            bias,
+            scales,
+            expanded_src_to_dst_row,
+            export_for_source_row,
+            drop_pad_mode=drop_pad_mode,
+        )
+        self.FINALIZE_OPERANDS.check(
+            scales.dim() == 2
+            and scales.dtype == expanded_permuted_rows.dtype
+            and export_for_source_row.shape == scales.shape
+            and export_for_source_row.dtype == torch.int32
+            and expanded_src_to_dst_row.dtype == torch.int32
+            and tuple(expanded_src_to_dst_row.shape) == (scales.numel(),),
+            f"scales {scales.dtype} {tuple(scales.shape)}, rows {expanded_permuted_rows.dtype}, "
+            f"export_for_source_row {export_for_source_row.dtype} "
+            f"{tuple(export_for_source_row.shape)}, expanded_src_to_dst_row "
+            f"{expanded_src_to_dst_row.dtype} {tuple(expanded_src_to_dst_row.shape)}",
+        )
+        self.MOE_NOT_EMPTY.check(scales.shape[0] > 0, f"scales {tuple(scales.shape)}")
+        _unmodeled(
+            skip1 is None and skip2 is None and bias is None and drop_pad_mode == 0,
+            "skips, an expert bias or drop/pad",
+        )
+        tokens, k = scales.shape
+        rows = expanded_permuted_rows[expanded_src_to_dst_row.long()].view(tokens, k, -1)
+        out = (rows.float() * scales.float().unsqueeze(-1)).sum(dim=1)
+        return out.to(expanded_permuted_rows.dtype)
+
     def _check_norm(self, input: torch.Tensor, gamma: torch.Tensor) -> None:
         self.RMS_NORM_OPERANDS.check(
             input.dtype in FLOATS
@@ -278,6 +642,12 @@ class TorchNpuDouble(SdkDouble):
             and tuple(gamma.shape) == tuple(input.shape[-1:]),
             f"input {tuple(input.shape)} {input.dtype}, gamma {tuple(gamma.shape)} {gamma.dtype}",
         )
+
+
+def _unmodeled(holds: bool, what: str) -> None:
+    """Refuse a call the double does not compute (the real operator may accept it)."""
+    if not holds:
+        raise NotImplementedError(f"the test double does not model {what}")
 
 
 def _rms_norm(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
-from sgl_kernel_double import SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 
 from sglang_fl.testing.doubles import install_double
 
@@ -12,4 +15,14 @@ from sglang_fl.testing.doubles import install_double
 @pytest.fixture
 def sgl_kernel(monkeypatch: pytest.MonkeyPatch) -> SglKernelDouble:
     """A fresh double as ``sgl_kernel``, both in ``sys.modules`` and as the adapters' module."""
+    # SGLang's Triton fused experts, which the fused_moe adapter imports on its first call.
+    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, SglangTritonMoeDouble())
     return install_double(monkeypatch, SglKernelDouble(), SGL_KERNEL)
+
+
+@pytest.fixture
+def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
+    """The double of SGLang's Triton fused-experts module the fused_moe adapter calls."""
+    module = sys.modules[SGLANG_FUSED_MOE]
+    assert isinstance(module, SglangTritonMoeDouble)
+    return module

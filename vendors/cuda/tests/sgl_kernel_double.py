@@ -11,18 +11,25 @@ values as the wheel's Python API (``sgl_kernel/elementwise.py`` of ``sglang-kern
 the version SGLang 0.5.23 pins), and every precondition of those kernels, each a
 :class:`~sglang_fl.testing.doubles.Constraint` naming its source: the wrapper's own checks, the
 op schemas and ``TORCH_CHECK`` messages compiled into ``sgl_kernel/sm90/common_ops.abi3.so``
-(``strings`` shows them), and the addressing of the kernels (FlashInfer's ``norm.cuh``, vLLM's
+(``strings`` shows them), the MoE wrapper's documented operands (``sgl_kernel/moe.py``), and
+the addressing of the kernels (FlashInfer's ``norm.cuh``, vLLM's
 ``pos_enc.cu``) where a violation is not checked but reads the wrong memory or crashes. A call
 the real kernel would reject raises :class:`~sglang_fl.testing.doubles.ConstraintViolation`.
-Every call is recorded in :attr:`SglKernelDouble.calls`.
+Every call is recorded in :attr:`SglKernelDouble.calls`. Options the double does not model
+(softcapping, Triton MoE biases) raise ``NotImplementedError`` rather than a wrong result.
+
+:class:`SglangTritonMoeDouble` does the same for SGLang's Triton fused experts, which the
+``fused_moe`` adapter calls (SGLang is a real dependency, but its Triton kernels need a GPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 
 from sglang_fl.testing.doubles import Constraint, SdkDouble
 
@@ -35,6 +42,10 @@ NORM_CU = f"{LIBRARY}, csrc/elementwise/fused_add_rms_norm_kernel.cu and FlashIn
 POS_ENC = f"{LIBRARY}, csrc/elementwise/pos_enc.cu"
 ACT_AND_MUL = "silu_and_mul/gelu_and_mul/gelu_tanh_and_mul"
 NORMS = "rmsnorm/fused_add_rmsnorm/gemma_rmsnorm/gemma_fused_add_rmsnorm"
+MOE_WRAPPER = "sgl_kernel/moe.py (sglang-kernel 0.4.x), topk_softmax/topk_sigmoid docstrings"
+MOE_CU = f"{LIBRARY}, csrc/moe/moe_topk_softmax_kernels.cu"
+# SGLang 0.5.23: python/sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py
+FUSED_EXPERTS = "SGLang 0.5.23 moe_runner/triton_utils/fused_moe.py, fused_experts_impl's asserts"
 EMPTY_GRID = (
     "fails: it launches one CUDA block per token, and a launch with 0 blocks is an invalid "
     "configuration (CUDA C++ Programming Guide, execution configuration)"
@@ -42,7 +53,8 @@ EMPTY_GRID = (
 
 
 class SglKernelDouble(SdkDouble):
-    """``sgl_kernel`` stand-in: the act-and-mul kernels, the (Gemma) RMS norms, rope."""
+    """``sgl_kernel`` stand-in: the act-and-mul kernels, the (Gemma) RMS norms, rope,
+    ``topk_softmax`` and ``topk_sigmoid``."""
 
     # -- silu_and_mul / gelu_and_mul / gelu_tanh_and_mul(input, out=None) -> out --------------
     # One wrapper check each in elementwise.py and one template in activation.cu: shared rules.
@@ -155,6 +167,34 @@ class SglKernelDouble(SdkDouble):
         f"{POS_ENC}: query_hidden_size = query.numel() / num_tokens",
         "divides by zero (SIGFPE kills the process)",
     )
+
+    # -- topk_softmax / topk_sigmoid(topk_weights, topk_ids, gating_output, renormalize, ...)
+    #    -> None: both write topk_weights and topk_ids in place -----------------------------
+    TOPK_OUTPUTS = Constraint(
+        "topk_softmax/topk_sigmoid",
+        "float32 topk_weights and int32 topk_ids, both [num_tokens, topk]",
+        f"{MOE_WRAPPER}: 'topk_weights: [num_tokens, topk], float32', 'topk_ids: "
+        "[num_tokens, topk], int32'",
+        "writes the wrong element type",
+    )
+    TOPK_GATING = Constraint(
+        "topk_softmax/topk_sigmoid",
+        "2-D float32/float16/bfloat16 gating_output [num_tokens, num_experts] with the outputs' "
+        "rows and at least topk experts",
+        f"{MOE_WRAPPER}: 'gating_output: [num_tokens, num_experts], float32/16/bf16'",
+    )
+    TOPK_CONTIGUOUS = Constraint(
+        "topk_softmax/topk_sigmoid",
+        "contiguous gating_output, topk_weights and topk_ids",
+        f"{MOE_CU}: row r is addressed at r * num_experts (and r * topk), without strides",
+        "reads and writes the wrong elements",
+    )
+    TOPK_BIAS = Constraint(
+        "topk_softmax/topk_sigmoid",
+        "a float32 correction_bias [num_experts] when one is given",
+        f"{MOE_WRAPPER}: 'correction_bias: [num_experts], float32 (kernel requirement)'",
+    )
+    TOPK_TOKENS = Constraint("topk_softmax/topk_sigmoid", "at least one token", MOE_CU, EMPTY_GRID)
 
     def __init__(self) -> None:
         super().__init__("sgl_kernel")
@@ -311,6 +351,71 @@ class SglKernelDouble(SdkDouble):
         out.copy_(act(input[..., :d].float()).to(input.dtype) * input[..., d:])
         return out
 
+    def topk_softmax(
+        self,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        gating_output: torch.Tensor,
+        renormalize: bool = False,
+        moe_softcapping: float = 0.0,
+        correction_bias: torch.Tensor | None = None,
+    ) -> None:
+        self.record("topk_softmax", topk_weights, topk_ids, gating_output, renormalize)
+        self._check_router(topk_weights, topk_ids, gating_output, correction_bias)
+        _unmodeled(moe_softcapping == 0.0, "topk_softmax with moe_softcapping")
+        _route(topk_weights, topk_ids, gating_output.float().softmax(dim=-1), renormalize)
+
+    def topk_sigmoid(
+        self,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        gating_output: torch.Tensor,
+        renormalize: bool = False,
+        correction_bias: torch.Tensor | None = None,
+    ) -> None:
+        self.record("topk_sigmoid", topk_weights, topk_ids, gating_output, renormalize)
+        self._check_router(topk_weights, topk_ids, gating_output, correction_bias)
+        _route(topk_weights, topk_ids, gating_output.float().sigmoid(), renormalize)
+
+    def _check_router(
+        self,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        gating_output: torch.Tensor,
+        correction_bias: torch.Tensor | None,
+    ) -> None:
+        self.TOPK_OUTPUTS.check(
+            topk_weights.dtype == torch.float32
+            and topk_ids.dtype == torch.int32
+            and topk_weights.dim() == 2
+            and topk_weights.shape == topk_ids.shape,
+            f"weights {topk_weights.dtype} {tuple(topk_weights.shape)}, ids {topk_ids.dtype} "
+            f"{tuple(topk_ids.shape)}",
+        )
+        self.TOPK_GATING.check(
+            gating_output.dim() == 2
+            and gating_output.dtype in FLOATS
+            and gating_output.shape[0] == topk_ids.shape[0]
+            and gating_output.shape[1] >= topk_ids.shape[1],
+            f"gating_output {gating_output.dtype} {tuple(gating_output.shape)}, topk "
+            f"{tuple(topk_ids.shape)}",
+        )
+        self.TOPK_CONTIGUOUS.check(
+            all(t.is_contiguous() for t in (gating_output, topk_weights, topk_ids)),
+            _strides(gating_output=gating_output, topk_weights=topk_weights, topk_ids=topk_ids),
+        )
+        self.TOPK_BIAS.check(
+            correction_bias is None
+            or (
+                correction_bias.dtype == torch.float32
+                and tuple(correction_bias.shape) == (gating_output.shape[1],)
+            ),
+            ""
+            if correction_bias is None
+            else f"{correction_bias.dtype} {tuple(correction_bias.shape)}",
+        )
+        self.TOPK_TOKENS.check(gating_output.shape[0] > 0, f"{tuple(gating_output.shape)}")
+
     def _check_norm(
         self, input: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
     ) -> None:
@@ -331,6 +436,106 @@ class SglKernelDouble(SdkDouble):
             f"input {input.dtype}, weight {weight.dtype}",
         )
         self.NORM_TOKENS.check(input.shape[0] > 0, f"input {tuple(input.shape)}")
+
+
+class SglangTritonMoeDouble(SdkDouble):
+    """A TEST DOUBLE of SGLang's ``moe_runner/triton_utils/fused_moe.py`` (SGLang 0.5.23): its
+    ``outplace_fused_experts`` -> a new ``[num_tokens, hidden]`` tensor, with the preconditions
+    ``fused_experts_impl`` asserts, computed with PyTorch on the CPU."""
+
+    FUSED_HIDDEN = Constraint(
+        "outplace_fused_experts",
+        "hidden_states [num_tokens, hidden] and w1 [experts, 2 * inter, hidden] of one hidden size",
+        f"{FUSED_EXPERTS}: 'Hidden size mismatch'",
+        "raises AssertionError",
+    )
+    FUSED_TOPK = Constraint(
+        "outplace_fused_experts",
+        "topk_weights and topk_ids of one shape",
+        f"{FUSED_EXPERTS}: 'topk shape mismatch'",
+        "raises AssertionError",
+    )
+    FUSED_CONTIGUOUS = Constraint(
+        "outplace_fused_experts",
+        "contiguous hidden_states, w1 and w2",
+        f"{FUSED_EXPERTS}: 'Hidden_states must be contiguous', 'Expert weights1 must be "
+        "contiguous', 'Expert weights2 must be contiguous'",
+        "raises AssertionError",
+    )
+    FUSED_DTYPE = Constraint(
+        "outplace_fused_experts",
+        "float32/float16/bfloat16 hidden_states",
+        f"{FUSED_EXPERTS}: hidden_states.dtype in [torch.float32, torch.float16, torch.bfloat16]",
+        "raises AssertionError",
+    )
+
+    def __init__(self) -> None:
+        super().__init__(SGLANG_FUSED_MOE)
+
+    def outplace_fused_experts(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        b1: torch.Tensor | None = None,
+        b2: torch.Tensor | None = None,
+        activation: str = "silu",
+        is_gated: bool = True,
+        **options: Any,
+    ) -> torch.Tensor:
+        self.record(
+            "outplace_fused_experts",
+            hidden_states,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            is_gated=is_gated,
+            **options,
+        )
+        self.FUSED_HIDDEN.check(
+            hidden_states.shape[1] == w1.shape[2],
+            f"hidden_states {tuple(hidden_states.shape)}, w1 {tuple(w1.shape)}",
+        )
+        self.FUSED_TOPK.check(
+            topk_weights.shape == topk_ids.shape,
+            f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}",
+        )
+        self.FUSED_CONTIGUOUS.check(
+            all(t.is_contiguous() for t in (hidden_states, w1, w2)),
+            _strides(hidden_states=hidden_states, w1=w1, w2=w2),
+        )
+        self.FUSED_DTYPE.check(hidden_states.dtype in FLOATS, str(hidden_states.dtype))
+        # float32 runs in TF32 (tl.dot's default precision) on the GPU: the double does not
+        # fake a full-precision result the real kernel does not give.
+        _unmodeled(hidden_states.dtype in HALF, "float32 fused experts (TF32 on the GPU)")
+        _unmodeled(b1 is None and b2 is None and is_gated and not options, "biases, options")
+        gate_up = torch.einsum("th,tkeh->tke", hidden_states.float(), w1.float()[topk_ids.long()])
+        d = gate_up.shape[-1] // 2
+        gate = gate_up[..., :d]
+        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        hidden = (act * gate_up[..., d:]).to(hidden_states.dtype).float()
+        down = torch.einsum("tki,tkhi->tkh", hidden, w2.float()[topk_ids.long()])
+        return (down * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
+
+
+def _unmodeled(holds: bool, what: str) -> None:
+    """Refuse a call the double does not compute (the real kernel may accept it)."""
+    if not holds:
+        raise NotImplementedError(f"the test double does not model {what}")
+
+
+def _route(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, scores: torch.Tensor, renormalize: bool
+) -> None:
+    values, ids = torch.topk(scores, topk_ids.shape[1], dim=-1)
+    if renormalize:
+        values = values / values.sum(dim=-1, keepdim=True)
+    topk_weights.copy_(values)
+    topk_ids.copy_(ids)
 
 
 def _row(tensor: torch.Tensor) -> str:

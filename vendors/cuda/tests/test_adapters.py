@@ -9,14 +9,16 @@ place, and what is declined or never launched.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from types import SimpleNamespace
 
 import pytest
 import torch
-from sgl_kernel_double import SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
+from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
 from sglang_fl_cuda.impl.rotary import rotary_embedding
 
@@ -49,7 +51,13 @@ def test_ops_without_a_kernel_are_declared_with_a_reason() -> None:
 
 def declined(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> bool:
     """The calls the adapters hand back with Unsupported: sgl_kernel.rmsnorm and the FlashInfer
-    Gemma norms have no fp32 path (an empty batch needs no kernel, so it is served)."""
+    Gemma norms have no fp32 path (an empty batch needs no kernel, so it is served); sgl_kernel
+    0.4.x has no grouped top-k, and its router kernels are not used with a bias; SGLang's Triton
+    fused MoE would multiply float32 in TF32."""
+    if op == "fused_moe":
+        return dtype == torch.float32
+    if op == "topk":
+        return bool(case_params["grouped"] or case_params["bias"])
     if dtype != torch.float32 or case_params["tokens"] == 0:
         return False
     return op == "gemma_rms_norm" or (op == "rms_norm" and not case_params["residual"])
@@ -62,6 +70,8 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "rotary_embedding": rotary_embedding,
         "gelu_and_mul": gelu_and_mul,
         "gemma_rms_norm": gemma_rms_norm,
+        "topk": topk,
+        "fused_moe": fused_moe,
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():
@@ -71,13 +81,18 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
 
 @pytest.mark.parametrize(("op", "case", "dtype"), CASES)
 def test_contract_case(
-    sgl_kernel: SglKernelDouble, op: str, case: OpCase, dtype: torch.dtype
+    sgl_kernel: SglKernelDouble,
+    sglang_triton_moe: SglangTritonMoeDouble,
+    op: str,
+    case: OpCase,
+    dtype: torch.dtype,
 ) -> None:
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
     # No kernel launch for a declined call, nor for an empty batch (it would fail).
-    assert bool(sgl_kernel.calls) is (expected == PASSED and case.params["tokens"] > 0)
+    kernel_calls = sgl_kernel.calls or sglang_triton_moe.calls
+    assert bool(kernel_calls) is (expected == PASSED and case.params["tokens"] > 0), kernel_calls
 
 
 def rows(tokens: int, width: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -341,3 +356,118 @@ def test_gemma_rms_norm_declines_float32_before_writing(sgl_kernel: SglKernelDou
     assert sgl_kernel.calls == []
     assert torch.equal(x, before[0])
     assert torch.equal(residual, before[1])
+
+
+# --- MoE -------------------------------------------------------------------------------------
+
+
+def router(**options: object) -> SimpleNamespace:
+    config = {
+        "top_k": 2,
+        "renormalize": True,
+        "scoring_func": "softmax",
+        "use_grouped_topk": False,
+        "num_expert_group": None,
+        "topk_group": None,
+        "correction_bias": None,
+        "routed_scaling_factor": None,
+        "apply_routed_scaling_factor_on_output": False,
+    }
+    config.update(options)
+    return SimpleNamespace(**config)
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_topk_writes_float32_weights_and_int32_ids(
+    sgl_kernel: SglKernelDouble, scoring: str
+) -> None:
+    logits = rows(5, 8)
+    weights, ids = topk(router(scoring_func=scoring, renormalize=False), logits)
+    ((name, (kernel_weights, kernel_ids, kernel_logits, renormalize), _),) = sgl_kernel.calls
+    assert name == f"topk_{scoring}"
+    assert kernel_weights is weights
+    assert kernel_ids is ids
+    assert kernel_logits is logits
+    assert renormalize is False
+    assert (weights.dtype, ids.dtype, ids.shape) == (torch.float32, torch.int32, (5, 2))
+
+
+def test_topk_applies_the_routed_scaling_factor_when_asked(sgl_kernel: SglKernelDouble) -> None:
+    logits = rows(3, 8)
+    plain, _ = topk(router(), logits)
+    scaled, _ = topk(
+        router(routed_scaling_factor=2.5, apply_routed_scaling_factor_on_output=True), logits
+    )
+    torch.testing.assert_close(scaled, plain * 2.5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"use_grouped_topk": True, "num_expert_group": 4, "topk_group": 2}, "grouped"),
+        ({"correction_bias": torch.zeros(8)}, "correction bias"),
+    ],
+)
+def test_topk_declines_before_calling(
+    sgl_kernel: SglKernelDouble, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(Unsupported, match=message):
+        topk(router(**options), rows(3, 8))
+    assert sgl_kernel.calls == []
+
+
+def test_fused_moe_calls_sglang_outplace_fused_experts(
+    sgl_kernel: SglKernelDouble, sglang_triton_moe: SglangTritonMoeDouble
+) -> None:
+    x, w13, w2 = rows(3, 16), rows(4 * 8, 16).view(4, 8, 16), rows(4 * 16, 4).view(4, 16, 4)
+    weights = torch.full((3, 2), 0.5)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    out = fused_moe(None, x, w13, w2, weights, ids, "gelu")
+    ((name, (kernel_x, kernel_w13, kernel_w2, kernel_weights, kernel_ids), options),) = (
+        sglang_triton_moe.calls
+    )
+    assert name == "outplace_fused_experts"
+    for passed, given in zip(
+        (kernel_x, kernel_w13, kernel_w2, kernel_weights, kernel_ids),
+        (x, w13, w2, weights, ids),
+        strict=True,
+    ):
+        assert passed is given
+    assert options == {"activation": "gelu", "is_gated": True}
+    assert out.shape == (3, 16)
+    assert out.dtype == torch.bfloat16
+
+
+def test_fused_moe_declines_when_sglang_is_missing(
+    sgl_kernel: SglKernelDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
+
+    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, None)  # import raises ImportError
+    x = rows(2, 16)
+    with pytest.raises(Unsupported, match="cannot be imported"):
+        fused_moe(
+            None,
+            x,
+            rows(32, 16).view(2, 16, 16),
+            rows(32, 8).view(2, 16, 8),
+            torch.ones(2, 1),
+            torch.zeros(2, 1, dtype=torch.int32),
+        )
+
+
+def test_topk_declines_when_sgl_kernel_lacks_the_kernel(
+    sgl_kernel: SglKernelDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sgl_kernel, "topk_sigmoid", None)  # an sgl_kernel without it
+    with pytest.raises(Unsupported, match="has no topk_sigmoid"):
+        topk(router(scoring_func="sigmoid"), rows(3, 8))
+    assert sgl_kernel.calls == []
+
+
+def test_topk_packs_strided_logits(sgl_kernel: SglKernelDouble) -> None:
+    logits = rows(3, 16)[:, ::2]
+    topk(router(), logits)
+    ((_, (_, _, kernel_logits, _), _),) = sgl_kernel.calls
+    assert kernel_logits.is_contiguous()
+    assert torch.equal(kernel_logits, logits)

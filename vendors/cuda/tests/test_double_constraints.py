@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from sgl_kernel_double import SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 
 from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
 
@@ -63,7 +63,25 @@ def rope(
     return lambda sdk: sdk.rotary_embedding(positions, query, key, 32, cache, True)
 
 
+def router(
+    logits: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    kernel: str = "topk_softmax",
+) -> Call:
+    """A valid router call (3 tokens, 8 experts, top 2) with parts replaced."""
+    logits = t(3, 8) if logits is None else logits
+    tokens = logits.shape[0]
+    weights = torch.empty(tokens, 2) if weights is None else weights
+    ids = torch.empty(tokens, 2, dtype=torch.int32) if ids is None else ids
+    return lambda sdk: getattr(sdk, kernel)(weights, ids, logits, True, correction_bias=bias)
+
+
 VALID: list[Call] = [
+    router(),
+    router(kernel="topk_sigmoid", bias=torch.zeros(8)),
+    router(logits=t(3, 8, dtype=torch.float32)),
     silu(t(3, 16)),
     silu(t(3, 16), torch.empty(3, 8, dtype=torch.float16)),
     act(t(3, 16), kernel="gelu_and_mul"),
@@ -100,6 +118,11 @@ REJECTED: dict[Constraint, Call] = {
     D.ROPE_GQA: rope(key=t(4, 3, 32)),
     D.ROPE_DTYPE: rope(cache=t(8, 32, dtype=torch.float32)),
     D.ROPE_LAYOUT: rope(key=t(4, 2, 64)[..., :32]),  # head stride 64, query's is 32
+    D.TOPK_OUTPUTS: router(weights=torch.empty(3, 2, dtype=torch.float16)),
+    D.TOPK_GATING: router(logits=t(3, 8, dtype=torch.float64)),
+    D.TOPK_CONTIGUOUS: router(logits=t(3, 16)[:, ::2]),
+    D.TOPK_BIAS: router(kernel="topk_sigmoid", bias=torch.zeros(8, dtype=torch.float16)),
+    D.TOPK_TOKENS: router(logits=t(0, 8)),
     D.ROPE_NOT_EMPTY: rope(
         positions=torch.empty(0, dtype=torch.int64), query=t(0, 4, 32), key=t(0, 2, 32)
     ),
@@ -172,6 +195,48 @@ def test_gemma_kernels_scale_by_one_plus_weight() -> None:
     torch.testing.assert_close(residual, total)
 
 
+M = SglangTritonMoeDouble
+MoeCall = Callable[[SglangTritonMoeDouble], object]
+
+
+def experts(
+    x: torch.Tensor | None = None,
+    w13: torch.Tensor | None = None,
+    topk_weights: torch.Tensor | None = None,
+) -> MoeCall:
+    """A valid fused-experts call (3 tokens, hidden 16, 4 experts, inter 8, top 2)."""
+    x = t(3, 16) if x is None else x
+    w13 = t(4, 16, 16) if w13 is None else w13
+    w2 = t(4, 16, 8)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    topk_weights = torch.full((3, 2), 0.5) if topk_weights is None else topk_weights
+    return lambda sdk: sdk.outplace_fused_experts(x, w13, w2, topk_weights, ids)
+
+
+MOE_VALID: list[MoeCall] = [experts()]
+
+MOE_REJECTED: dict[Constraint, MoeCall] = {
+    M.FUSED_HIDDEN: experts(x=t(3, 32)),
+    M.FUSED_TOPK: experts(topk_weights=torch.full((3, 1), 0.5)),
+    M.FUSED_CONTIGUOUS: experts(x=t(3, 32)[:, ::2]),
+    M.FUSED_DTYPE: experts(x=t(3, 16, dtype=torch.float64), w13=t(4, 16, 16, dtype=torch.float64)),
+}
+
+test_moe_valid_calls_pass, test_moe_rejects_what_sglang_rejects, test_every_moe_constraint = (
+    constraint_tests(SglangTritonMoeDouble, MOE_VALID, MOE_REJECTED)
+)
+
+
+def test_moe_double_refuses_what_it_does_not_model() -> None:
+    """float32 (TF32 on the GPU) and bias/option calls are refused, not computed wrongly."""
+    with pytest.raises(NotImplementedError, match="float32"):
+        experts(x=t(3, 16, dtype=torch.float32), w13=t(4, 16, 16, dtype=torch.float32))(M())
+    with pytest.raises(NotImplementedError, match="softcapping"):
+        SglKernelDouble().topk_softmax(
+            torch.empty(3, 2), torch.empty(3, 2, dtype=torch.int32), t(3, 8), moe_softcapping=30.0
+        )
+
+
 def test_return_conventions() -> None:
     """rmsnorm and silu_and_mul return their output; fused_add_rmsnorm and rope return None."""
     sdk, x = SglKernelDouble(), t(3, 16)
@@ -180,4 +245,18 @@ def test_return_conventions() -> None:
     assert sdk.rmsnorm(x, t(16)).shape == x.shape
     assert fused(x, t(3, 16), t(16))(sdk) is None
     assert rope()(sdk) is None
-    assert sdk.called == ["silu_and_mul", "rmsnorm", "fused_add_rmsnorm", "rotary_embedding"]
+    weights, ids = torch.empty(3, 2), torch.empty(3, 2, dtype=torch.int32)
+    assert sdk.topk_sigmoid(weights, ids, t(3, 8), True) is None  # written in place
+    assert (weights.sum(dim=-1) - 1).abs().max() < 1e-5
+    assert sdk.called == [
+        "silu_and_mul",
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "rotary_embedding",
+        "topk_sigmoid",
+    ]
+    x = t(3, 16)
+    out = experts(x=x)(M())
+    assert isinstance(out, torch.Tensor)
+    assert (out.shape, out.dtype) == (x.shape, x.dtype)
+    assert out.data_ptr() != x.data_ptr()

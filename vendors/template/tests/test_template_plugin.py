@@ -19,6 +19,8 @@ REGISTERED_OPS = {
     "layer_norm",
     "mrotary_embedding",
     "clamp_position",
+    "topk",
+    "fused_moe",
 }
 
 

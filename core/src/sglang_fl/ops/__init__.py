@@ -13,7 +13,9 @@ from .gelu_and_mul import CONTRACT as GELU_AND_MUL
 from .gelu_new import CONTRACT as GELU_NEW
 from .gelu_quick import CONTRACT as GELU_QUICK
 from .gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
+from .kernel_functions import FUSED_GATE_SIGMOID_MUL
 from .layer_norm import CONTRACT as LAYER_NORM
+from .moe import FUSED_MOE, TOPK
 from .mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
 from .rms_norm import CONTRACT as RMS_NORM
 from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
@@ -43,6 +45,9 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             LAYER_NORM,
             MROTARY_EMBEDDING,
             CLAMP_POSITION,
+            TOPK,
+            FUSED_MOE,
+            FUSED_GATE_SIGMOID_MUL,
         )
     }
 )

@@ -156,7 +156,13 @@ def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cp
             f"{where}: raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
         )
     want = contract.reference(expected_inputs.obj, *expected_inputs.args, **expected_inputs.kwargs)
-    problems = list(_output_problems(got, want, contract.tolerance(dtype)))
+    problems = list(
+        _output_problems(
+            contract.canonical_output(got),
+            contract.canonical_output(want),
+            contract.tolerance(dtype),
+        )
+    )
     problems += _in_place_problems(contract, inputs, got, want, contract.tolerance(dtype))
     untouched = _changed(contract, inputs, before, _preserved_names(inputs))
     problems += [f"input {name} was modified; it must stay untouched" for name in untouched]

@@ -7,6 +7,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 
 from .backend import CudaBackend
 from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import rotary_embedding
 
@@ -33,6 +34,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "rotary_embedding": rotary_embedding,
                 "gelu_and_mul": gelu_and_mul,
                 "gemma_rms_norm": gemma_rms_norm,
+                "topk": topk,
+                "fused_moe": fused_moe,
             }
         )
     )

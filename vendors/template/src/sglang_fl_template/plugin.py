@@ -8,6 +8,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 from .backend import TemplateBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import clamp_position
+from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
 
@@ -29,6 +30,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "layer_norm": layer_norm,
                 "mrotary_embedding": mrotary_embedding,
                 "clamp_position": clamp_position,
+                "topk": topk,
+                "fused_moe": fused_moe,
             }
         )
     )

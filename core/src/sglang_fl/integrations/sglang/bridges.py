@@ -203,6 +203,17 @@ from .bridges_attention import ClampPositionBridge  # noqa: E402
 from .bridges_normalization import GemmaRMSNormBridge, LayerNormBridge  # noqa: E402
 from .bridges_rotary import MRotaryEmbeddingBridge  # noqa: E402
 
+
+def _family_bridges() -> tuple[Bridge, ...]:
+    """The bridges kept in family modules; they subclass :class:`Bridge`, so import them late."""
+    from .moe import FusedMoEBridge, TopKBridge
+
+    return (
+        TopKBridge(),
+        FusedMoEBridge(),
+    )
+
+
 BRIDGES: dict[str, Bridge] = {
     bridge.op_name: bridge
     for bridge in (
@@ -216,5 +227,6 @@ BRIDGES: dict[str, Bridge] = {
         LayerNormBridge(),
         MRotaryEmbeddingBridge(),
         ClampPositionBridge(),
+        *_family_bridges(),
     )
 }

@@ -33,6 +33,8 @@ LAYER_CLASSES: dict[str, tuple[str, ...]] = {
     "layer_norm": ("sglang.srt.layers.layernorm", "LayerNorm"),
     "mrotary_embedding": ("sglang.srt.layers.rotary_embedding", "MRotaryEmbedding"),
     "clamp_position": ("sglang.kernels.ops.attention.clamp_position", "ClampPositionOp"),
+    "topk": ("sglang.srt.layers.moe.topk", "TopK"),
+    "fused_moe": ("sglang.srt.layers.quantization.unquant", "UnquantizedFusedMoEMethod"),
 }
 
 
@@ -48,6 +50,7 @@ class SglangApi:
     base_fused_op: type
     hook_registry: Any
     hook_type_around: Any
+    hook_type_replace: Any
     layers: dict[type, str]  # SGLang layer class -> the standard op it stands for
 
 
@@ -87,8 +90,9 @@ def find_sglang_api() -> SglangApi:
     if registry is None or not hasattr(registry, "register") or hook_type is None:
         raise _missing("sglang.srt.plugins.hook_registry has no HookRegistry/HookType", found)
     around = getattr(hook_type, "AROUND", None)
-    if around is None:
-        raise _missing("HookType has no AROUND", found)
+    replace = getattr(hook_type, "REPLACE", None)
+    if around is None or replace is None:
+        raise _missing("HookType lacks AROUND or REPLACE", found)
 
     layers: dict[type, str] = {}
     for op_name, (module_name, *class_names) in LAYER_CLASSES.items():
@@ -100,4 +104,4 @@ def find_sglang_api() -> SglangApi:
             if not (isinstance(cls, type) and issubclass(cls, base)):
                 raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
             layers[cls] = op_name
-    return SglangApi(found, base, registry, around, layers)
+    return SglangApi(found, base, registry, around, replace, layers)

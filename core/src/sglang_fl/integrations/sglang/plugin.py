@@ -27,6 +27,7 @@ from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from .bridges import BRIDGES, Bridge
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
+from .kernel_functions import route_kernel_functions
 from .report import DispatchReport, ReportEvent, Runner
 
 __all__ = ["Router", "get_router", "register"]
@@ -195,6 +196,7 @@ def register() -> None:
         report = DispatchReport(runtime.config.dispatch_log)
         router = Router(api, runtime, report)
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
+        route_kernel_functions(api, runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,

@@ -33,6 +33,7 @@ class ReportEvent(StrEnum):
     PLUGIN = "plugin"  # register() ran in this process
     LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
     HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
+    FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
 
 
 class Runner(StrEnum):
