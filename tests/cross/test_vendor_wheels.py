@@ -588,7 +588,10 @@ results["rotary"] = all(torch.equal(g, w) for g, w in zip(got, want))
 # The seed vendor's wrapped bound methods, called as the bridges call them (positionally).
 seed = {}
 for op, contract in STANDARD_OPS.items():
-    (impl,) = [i for i in runtime.registry.implementations(op) if i.impl_id == "vendor.my_chip"]
+    mine = [i for i in runtime.registry.implementations(op) if i.impl_id == "vendor.my_chip"]
+    if not mine:  # the seed vendor implements the first three ops only
+        continue
+    (impl,) = mine
     case = contract.cases[-1]
     a = contract.make_inputs(case, torch.bfloat16, torch.device("cpu"), gen)
     copies = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in a.args)
