@@ -45,6 +45,7 @@ class TopKBridge(Bridge):
         "TopKOutputFormat",
         "_post_process_topk_ids",
         "get_global_expert_distribution_recorder",
+        "envs",
     )
 
     def refuse_class(self, cls: type, layer_base: type) -> str | None:
@@ -97,6 +98,10 @@ class TopKBridge(Bridge):
         post_process = module._post_process_topk_ids
         recorder = module.get_global_expert_distribution_recorder
 
+        def sglang_path(reason: str, *args: Any, **kwargs: Any) -> Any:
+            handoff(reason)
+            return sglang_forward(*args, **kwargs)
+
         def topk(
             hidden_states: torch.Tensor,
             router_logits: torch.Tensor,
@@ -106,9 +111,22 @@ class TopKBridge(Bridge):
             dynamic_expert_bias: torch.Tensor | None = None,
             router_logits_partials: torch.Tensor | None = None,
         ) -> Any:
-            def sglang_path(reason: str) -> Any:
-                handoff(reason)
-                return sglang_forward(
+            reason = None
+            if dynamic_expert_bias is not None:
+                reason = "a per-token dynamic_expert_bias is SGLang's own path"
+            elif router_logits_partials is not None:
+                reason = "router_logits_partials (split-K router) is SGLang's own path"
+            elif config.output_format not in standard_formats:
+                reason = f"the {config.output_format.name} top-k output format is SGLang's own path"
+            else:
+                non_padded, dispatch_info = layer._resolve_routing_inputs(
+                    num_token_non_padded, expert_location_dispatch_info
+                )
+                if dispatch_info is not None:
+                    reason = "expert-location dispatch (EPLB) is SGLang's own path"
+            if reason is not None:
+                return sglang_path(
+                    reason,
                     hidden_states,
                     router_logits,
                     num_token_non_padded=num_token_non_padded,
@@ -116,20 +134,6 @@ class TopKBridge(Bridge):
                     dynamic_expert_bias=dynamic_expert_bias,
                     router_logits_partials=router_logits_partials,
                 )
-
-            if dynamic_expert_bias is not None:
-                return sglang_path("a per-token dynamic_expert_bias is SGLang's own path")
-            if router_logits_partials is not None:
-                return sglang_path("router_logits_partials (split-K router) is SGLang's own path")
-            if config.output_format not in standard_formats:
-                return sglang_path(
-                    f"the {config.output_format.name} top-k output format is SGLang's own path"
-                )
-            non_padded, dispatch_info = layer._resolve_routing_inputs(
-                num_token_non_padded, expert_location_dispatch_info
-            )
-            if dispatch_info is not None:
-                return sglang_path("expert-location dispatch (EPLB) is SGLang's own path")
             weights, ids = fn(config, router_logits)
             ids, weights, recorded = post_process(
                 topk_ids=ids,
