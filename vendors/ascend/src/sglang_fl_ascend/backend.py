@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sglang_fl.dispatch.backends import Backend
-from sglang_fl.dispatch.probes import ChipSdk
-from sglang_fl.dispatch.types import Availability
+from sglang_fl.types import Availability, Backend, ChipSdk
 
 __all__ = ["TORCH_NPU", "AscendBackend"]
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_fl import hookimpl
-from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import AscendBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul

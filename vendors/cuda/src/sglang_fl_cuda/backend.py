@@ -6,9 +6,7 @@ import os
 
 import torch
 
-from sglang_fl.dispatch.backends import Backend
-from sglang_fl.dispatch.probes import ChipSdk
-from sglang_fl.dispatch.types import Availability
+from sglang_fl.types import Availability, Backend, ChipSdk
 
 __all__ = ["SGL_KERNEL", "CudaBackend"]
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_fl import hookimpl
-from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import CudaBackend
 from .impl.activation import gelu_and_mul, silu_and_mul

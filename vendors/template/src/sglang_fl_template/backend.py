@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_fl.dispatch.backends import Backend
-from sglang_fl.dispatch.types import Availability
+from sglang_fl.types import Availability, Backend
 
 
 class TemplateBackend(Backend):

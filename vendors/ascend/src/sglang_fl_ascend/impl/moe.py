@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
 from sglang_fl.ops.moe import RENORMALIZE_SUM_EPSILON, MoeActivation, ScoringFunc, check_activation
+from sglang_fl.types import Unsupported
 
 from ..backend import TORCH_NPU
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
+from sglang_fl.types import Unsupported
 
 from ..backend import TORCH_NPU
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
 from sglang_fl.ops.moe import ScoringFunc, check_activation
+from sglang_fl.types import Unsupported
 
 from ..backend import SGL_KERNEL
 

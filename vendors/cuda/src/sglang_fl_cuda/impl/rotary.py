@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
 from sglang_fl.ops.rotary_embedding import joined_cos_sin_cache
+from sglang_fl.types import Unsupported
 
 from ..backend import SGL_KERNEL
 

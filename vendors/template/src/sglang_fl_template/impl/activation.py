@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
+from sglang_fl.types import Unsupported
 
 
 def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
+from sglang_fl.types import Unsupported
 
 
 def clamp_position(obj: Any, seq_lens: torch.Tensor) -> torch.Tensor:

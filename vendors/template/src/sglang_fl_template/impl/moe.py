@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl import Unsupported
+from sglang_fl.types import Unsupported
 
 
 def topk(obj: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
