@@ -31,10 +31,6 @@ MOE_LAYERS = {
     "topk": "sglang.srt.layers.moe.topk.TopK",
     "fused_moe": "sglang.srt.layers.quantization.unquant.UnquantizedFusedMoEMethod",
 }
-# Fused ops SGLang runs in these models that no standard op covers on this branch.
-NOT_YET_STANDARD = {"sglang.kernels.ops.attention.clamp_position.ClampPositionOp"}
-
-
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe-models")
@@ -75,7 +71,7 @@ def test_moe_model_generates_what_transformers_generates(
         assert (row["runner"], row["op"]) == ("sglang-fl", op_name), row
         assert row["impl_id"] == f"reference.{op_name}"
     left = {name for name, row in layers.items() if row["runner"] != "sglang-fl"}
-    assert left <= NOT_YET_STANDARD, f"fused ops left to SGLang: {left - NOT_YET_STANDARD}"
+    assert not left, f"fused ops left to SGLang: {left}"
     assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"
     functions = {r["function"]: r["runner"] for r in rows if r["event"] == "function"}
     assert set(functions.values()) == {"sglang-fl"}, functions
