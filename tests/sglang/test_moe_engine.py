@@ -31,6 +31,8 @@ MOE_LAYERS = {
     "topk": "sglang.srt.layers.moe.topk.TopK",
     "fused_moe": "sglang.srt.layers.quantization.unquant.UnquantizedFusedMoEMethod",
 }
+
+
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe-models")
