@@ -36,8 +36,9 @@ CASES = [
     for case, dtype, case_id in contract_grid(op)
 ]
 # torch_npu has no operator of its own for these: SGLang's forward_npu runs forward_native
-# (LayerNorm) or has no NPU path (ClampPositionOp); the reference runs on torch_npu's aten ops.
-WITHOUT_OPERATOR = {"layer_norm", "clamp_position"}
+# (LayerNorm) or has no NPU path (ClampPositionOp, Qwen2-MoE's gate function); the reference
+# runs on torch_npu's aten ops.
+WITHOUT_OPERATOR = {"layer_norm", "clamp_position", "fused_gate_sigmoid_mul"}
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).

@@ -14,6 +14,7 @@ from .impl.rotary import mrotary_embedding, rotary_embedding
 NO_KERNEL = {
     "layer_norm": "torch_npu has no layer norm operator (SGLang's forward_npu is forward_native)",
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
+    "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
 }
 
 

@@ -17,6 +17,7 @@ NO_KERNEL = {
     "layer_norm": "sgl_kernel has no layer norm (SGLang's forward_cuda uses FlashInfer's)",
     "mrotary_embedding": "sgl_kernel has no mrope kernel (SGLang's forward_cuda uses Triton)",
     "clamp_position": "sgl_kernel has none (SGLang's is a JIT kernel in sglang.kernels)",
+    "fused_gate_sigmoid_mul": "sgl_kernel has none (SGLang's own Triton kernel stays in place)",
 }
 
 
