@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,6 +16,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -51,16 +53,18 @@ def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, d, approximate, contiguous in itertools.product(
-        TOKEN_COUNTS, (16, 128, 352), APPROXIMATIONS, (True, False)
-    ):
-        name = f"tokens={tokens},d={d},approximate={approximate}"
-        name += "" if contiguous else ",strided"
-        params = {"tokens": tokens, "d": d, "approximate": approximate, "contiguous": contiguous}
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},d={p['d']},approximate={p['approximate']}"
+    return name + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", TOKEN_COUNTS),
+    axis("d", (16, 128, 352)),
+    axis("approximate", APPROXIMATIONS),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
@@ -81,6 +85,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )
