@@ -18,9 +18,8 @@ from .contract import (
     OpInputs,
     axis,
     case_grid,
-    layer,
-    random_tensor,
 )
+from .silu_and_mul import gate_inputs
 
 # The two GELU forms GeluAndMul takes (``obj.approximate``), as torch's F.gelu names them.
 APPROXIMATIONS = ("none", "tanh")
@@ -70,11 +69,7 @@ CASES = case_grid(
 def _make_inputs(
     case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
 ) -> OpInputs:
-    p = case.params
-    x = random_tensor(
-        (p["tokens"], 2 * p["d"]), dtype, device, generator, contiguous=p["contiguous"]
-    )
-    return OpInputs(obj=layer(approximate=p["approximate"]), args=(x,), preserved=("x",))
+    return gate_inputs(case, dtype, device, generator, approximate=case.params["approximate"])
 
 
 CONTRACT = OpContract(
