@@ -10,12 +10,12 @@ and the KV cache with.
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from .contract import OpCase, OpContract, OpInputs, Tolerance, layer
+from .contract import OpCase, OpContract, OpInputs, Tolerance, axis, case_grid, layer
 
 # Sequence lengths come as int32 or int64 depending on the attention backend.
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
@@ -37,12 +37,11 @@ def reference(obj: Any, seq_lens: torch.Tensor) -> torch.Tensor:
     return torch.clamp(seq_lens - 1, min=0).to(torch.int64)
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for batch, contiguous in itertools.product((0, 1, 7, 64), (True, False)):
-        name = f"batch={batch}" + ("" if contiguous else ",strided")
-        cases.append(OpCase(name, {"batch": batch, "contiguous": contiguous}))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    return f"batch={p['batch']}" + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(_case_name, axis("batch", (0, 1, 7, 64)), axis("contiguous", (True, False)))
 
 
 def _make_inputs(
@@ -66,6 +65,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=INDEX_DTYPES,
     tolerances={dtype: _EXACT for dtype in INDEX_DTYPES},
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from .contract import TOKEN_COUNTS, OpCase, OpInputs, layer, random_tensor
+from .contract import TOKEN_COUNTS, OpCase, OpInputs, axis, case_grid, layer, random_tensor
 
 
-def elementwise_cases() -> tuple[OpCase, ...]:
-    """Token counts (0 included) x widths x contiguous/strided inputs."""
-    cases = []
-    for tokens, width, contiguous in itertools.product(TOKEN_COUNTS, (16, 128, 352), (True, False)):
-        name = f"tokens={tokens},width={width}" + ("" if contiguous else ",strided")
-        cases.append(OpCase(name, {"tokens": tokens, "width": width, "contiguous": contiguous}))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    return f"tokens={p['tokens']},width={p['width']}" + ("" if p["contiguous"] else ",strided")
+
+
+# Token counts (0 included) x widths x contiguous/strided inputs.
+ELEMENTWISE_CASES = case_grid(
+    _case_name,
+    axis("tokens", TOKEN_COUNTS),
+    axis("width", (16, 128, 352)),
+    axis("contiguous", (True, False)),
+)
 
 
 def elementwise_inputs(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,9 +16,10 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
-    layer,
-    random_tensor,
+    axis,
+    case_grid,
 )
+from .silu_and_mul import gate_inputs
 
 # The two GELU forms GeluAndMul takes (``obj.approximate``), as torch's F.gelu names them.
 APPROXIMATIONS = ("none", "tanh")
@@ -51,26 +52,24 @@ def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, d, approximate, contiguous in itertools.product(
-        TOKEN_COUNTS, (16, 128, 352), APPROXIMATIONS, (True, False)
-    ):
-        name = f"tokens={tokens},d={d},approximate={approximate}"
-        name += "" if contiguous else ",strided"
-        params = {"tokens": tokens, "d": d, "approximate": approximate, "contiguous": contiguous}
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},d={p['d']},approximate={p['approximate']}"
+    return name + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", TOKEN_COUNTS),
+    axis("d", (16, 128, 352)),
+    axis("approximate", APPROXIMATIONS),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
     case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
 ) -> OpInputs:
-    p = case.params
-    x = random_tensor(
-        (p["tokens"], 2 * p["d"]), dtype, device, generator, contiguous=p["contiguous"]
-    )
-    return OpInputs(obj=layer(approximate=p["approximate"]), args=(x,), preserved=("x",))
+    return gate_inputs(case, dtype, device, generator, approximate=case.params["approximate"])
 
 
 CONTRACT = OpContract(
@@ -81,6 +80,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

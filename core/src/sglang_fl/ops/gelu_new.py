@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .contract import STANDARD_DTYPES, STANDARD_TOLERANCES, OpContract
-from .elementwise import elementwise_cases, elementwise_inputs
+from .elementwise import ELEMENTWISE_CASES, elementwise_inputs
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -36,6 +36,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=elementwise_cases(),
+    cases=ELEMENTWISE_CASES,
     make_inputs=elementwise_inputs,
 )

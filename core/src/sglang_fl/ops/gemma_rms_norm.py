@@ -6,7 +6,6 @@ Name and signature are those of the FlagOS SGLang plugin, so its vendor kernels 
 from __future__ import annotations
 
 import inspect
-import itertools
 from typing import Any
 
 import torch
@@ -18,9 +17,10 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
-    layer,
-    random_tensor,
+    axis,
+    case_grid,
 )
+from .rms_norm import case_name, residual_norm_inputs
 
 
 def _signature(
@@ -52,38 +52,20 @@ def reference(
     return out if residual is None else (out, residual)
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, hidden, with_residual, contiguous in itertools.product(
-        TOKEN_COUNTS, (16, 128, 1024), (False, True), (True, False)
-    ):
-        name = f"tokens={tokens},hidden={hidden}"
-        name += ",residual" if with_residual else ""
-        name += "" if contiguous else ",strided"
-        params = {
-            "tokens": tokens,
-            "hidden": hidden,
-            "residual": with_residual,
-            "contiguous": contiguous,
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+CASES = case_grid(
+    case_name,
+    axis("tokens", TOKEN_COUNTS),
+    axis("hidden", (16, 128, 1024)),
+    axis("residual", (False, True)),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
     case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
 ) -> OpInputs:
-    p = case.params
-    shape = (p["tokens"], p["hidden"])
-    x = random_tensor(shape, dtype, device, generator, contiguous=p["contiguous"])
     # Gemma checkpoints store the offset from 1: small values around 0, in the model dtype.
-    weight = (0.1 * random_tensor((p["hidden"],), torch.float32, device, generator)).to(dtype)
-    obj = layer(weight=weight, variance_epsilon=1e-6)
-    if not p["residual"]:
-        return OpInputs(obj=obj, args=(x,), preserved=("x",))
-    residual = random_tensor(shape, dtype, device, generator)
-    # Fused kernels may write both results in place: nothing is preserved, nothing required.
-    return OpInputs(obj=obj, args=(x, residual))
+    return residual_norm_inputs(case, dtype, device, generator, lambda noise: 0.1 * noise)
 
 
 CONTRACT = OpContract(
@@ -94,6 +76,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

@@ -15,7 +15,7 @@ Covered (found by reading ``sglang/srt/models/*.py``):
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,6 +26,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     random_tensor,
 )
 
@@ -67,17 +69,29 @@ def reference(
     return result.to(shared_output.dtype)
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    grid = itertools.product((0, 1, 7, 33), (16, 128, 2048), (False, True), (True,))
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},hidden={p['hidden']}" + (",addend" if p["addend"] else "")
+    return name + ("" if p["contiguous"] else ",strided")
+
+
+_ADDEND = axis("addend", (False, True))
+CASES = (
+    *case_grid(
+        _case_name,
+        axis("tokens", (0, 1, 7, 33)),
+        axis("hidden", (16, 128, 2048)),
+        _ADDEND,
+        axis("contiguous", (True,)),
+    ),
     # hidden_states as a strided view (a slice of a wider buffer), with and without the addend.
-    strided = itertools.product((7,), (128,), (False, True), (False,))
-    for tokens, hidden, with_addend, contiguous in itertools.chain(grid, strided):
-        name = f"tokens={tokens},hidden={hidden}" + (",addend" if with_addend else "")
-        name += "" if contiguous else ",strided"
-        params = {"tokens": tokens, "hidden": hidden, "addend": with_addend}
-        cases.append(OpCase(name, {**params, "contiguous": contiguous}))
-    return tuple(cases)
+    *case_grid(
+        _case_name,
+        axis("tokens", (7,)),
+        axis("hidden", (128,)),
+        _ADDEND,
+        axis("contiguous", (False,)),
+    ),
+)
 
 
 def _make_inputs(
@@ -106,6 +120,6 @@ FUSED_GATE_SIGMOID_MUL = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

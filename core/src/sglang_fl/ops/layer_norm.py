@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,12 +16,18 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
 
 # (elementwise_affine, use_bias): the three forms LayerNorm's options give.
-_AFFINE_FORMS = ((True, True), (True, False), (False, False))
+_AFFINE_FORMS = (
+    {"affine": True, "bias": True},
+    {"affine": True, "bias": False},
+    {"affine": False, "bias": False},
+)
 
 
 def _signature(obj: Any, x: torch.Tensor) -> torch.Tensor:
@@ -45,26 +51,22 @@ def reference(obj: Any, x: torch.Tensor) -> torch.Tensor:
     ).to(x.dtype)
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, hidden, (affine, bias), fp32_compute, contiguous in itertools.product(
-        TOKEN_COUNTS, (16, 1024), _AFFINE_FORMS, (True, False), (True, False)
-    ):
-        name = f"tokens={tokens},hidden={hidden}"
-        name += ",weight" if affine else ",no-weight"
-        name += ",bias" if bias else ""
-        name += ",compute=float32" if fp32_compute else ",compute=input"
-        name += "" if contiguous else ",strided"
-        params = {
-            "tokens": tokens,
-            "hidden": hidden,
-            "affine": affine,
-            "bias": bias,
-            "fp32_compute": fp32_compute,
-            "contiguous": contiguous,
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    name = f"tokens={p['tokens']},hidden={p['hidden']}"
+    name += ",weight" if p["affine"] else ",no-weight"
+    name += ",bias" if p["bias"] else ""
+    name += ",compute=float32" if p["fp32_compute"] else ",compute=input"
+    return name + ("" if p["contiguous"] else ",strided")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", TOKEN_COUNTS),
+    axis("hidden", (16, 1024)),
+    _AFFINE_FORMS,
+    axis("fp32_compute", (True, False)),
+    axis("contiguous", (True, False)),
+)
 
 
 def _make_inputs(
@@ -96,6 +98,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

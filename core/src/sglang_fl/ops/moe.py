@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,8 @@ from .contract import (
     OpContract,
     OpInputs,
     Tolerance,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -151,55 +153,76 @@ def canonical_topk(output: Any) -> Any:
     return weights.gather(-1, order), ids.gather(-1, order)
 
 
-# (name, scoring_func, renormalize, grouped, correction bias, scaling factor applied on output)
-_ROUTINGS: tuple[tuple[str, ScoringFunc, bool, bool, bool, bool], ...] = (
-    ("softmax,renormalize", ScoringFunc.SOFTMAX, True, False, False, False),
-    ("softmax", ScoringFunc.SOFTMAX, False, False, False, False),
-    ("sigmoid,renormalize", ScoringFunc.SIGMOID, True, False, False, False),
-    ("sigmoid,bias,renormalize,scaled", ScoringFunc.SIGMOID, True, False, True, True),
-    ("grouped,softmax,renormalize", ScoringFunc.SOFTMAX, True, True, False, False),
-    ("grouped,sigmoid,bias,renormalize", ScoringFunc.SIGMOID, True, True, True, False),
+def _routing(
+    scoring: ScoringFunc, renormalize: bool, grouped: bool, bias: bool, scaled: bool
+) -> dict[str, Any]:
+    """One routing form: correction bias, and scaling factor applied on output (``scaled``)."""
+    return {
+        "scoring_func": scoring.value,
+        "renormalize": renormalize,
+        "grouped": grouped,
+        "bias": bias,
+        "scaled": scaled,
+    }
+
+
+_ROUTINGS = (
+    _routing(ScoringFunc.SOFTMAX, renormalize=True, grouped=False, bias=False, scaled=False),
+    _routing(ScoringFunc.SOFTMAX, renormalize=False, grouped=False, bias=False, scaled=False),
+    _routing(ScoringFunc.SIGMOID, renormalize=True, grouped=False, bias=False, scaled=False),
+    _routing(ScoringFunc.SIGMOID, renormalize=True, grouped=False, bias=True, scaled=True),
+    _routing(ScoringFunc.SOFTMAX, renormalize=True, grouped=True, bias=False, scaled=False),
+    _routing(ScoringFunc.SIGMOID, renormalize=True, grouped=True, bias=True, scaled=False),
 )
 # (experts, top_k): Mixtral-like, Qwen2-MoE-like (60, not a power of two), DeepSeek-like.
-_EXPERTS_TOPK = ((8, 2), (60, 4), (64, 8))
+_EXPERTS_TOPK = (
+    {"experts": 8, "top_k": 2},
+    {"experts": 60, "top_k": 4},
+    {"experts": 64, "top_k": 8},
+)
 _TOPK_GROUPS = (4, 2)  # num_expert_group, topk_group of the grouped cases
 ROUTED_SCALING_FACTOR = 2.5
 
 
-def _topk_cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, (experts, top_k), routing in itertools.product(
-        (0, 1, 33), _EXPERTS_TOPK, _ROUTINGS
-    ):
-        name, scoring, renormalize, grouped, bias, scaled = routing
-        params = {
-            "tokens": tokens,
-            "experts": experts,
-            "top_k": top_k,
-            "scoring_func": scoring.value,
-            "renormalize": renormalize,
-            "grouped": grouped,
-            "bias": bias,
-            "scaled": scaled,
-            "contiguous": True,
-        }
-        cases.append(OpCase(f"tokens={tokens},experts={experts},top_k={top_k},{name}", params))
+def _experts_name(p: Mapping[str, Any]) -> str:
+    """``tokens=..,experts=..,top_k=..``: how the MoE cases' names begin."""
+    return f"tokens={p['tokens']},experts={p['experts']},top_k={p['top_k']}"
+
+
+def _strided_suffix(p: Mapping[str, Any]) -> str:
+    return "" if p["contiguous"] else ",strided"
+
+
+def _topk_case_name(p: Mapping[str, Any]) -> str:
+    routing = ",".join(
+        (
+            *(("grouped",) if p["grouped"] else ()),
+            p["scoring_func"],
+            *(("bias",) if p["bias"] else ()),
+            *(("renormalize",) if p["renormalize"] else ()),
+            *(("scaled",) if p["scaled"] else ()),
+        )
+    )
+    return f"{_experts_name(p)},{routing}{_strided_suffix(p)}"
+
+
+_TOPK_CASES = (
+    *case_grid(
+        _topk_case_name,
+        axis("tokens", (0, 1, 33)),
+        _EXPERTS_TOPK,
+        _ROUTINGS,
+        axis("contiguous", (True,)),
+    ),
     # Router logits as a strided view (a slice of a wider projection), once per routing.
-    experts, top_k = _EXPERTS_TOPK[0]
-    for name, scoring, renormalize, grouped, bias, scaled in _ROUTINGS:
-        params = {
-            "tokens": 33,
-            "experts": experts,
-            "top_k": top_k,
-            "scoring_func": scoring.value,
-            "renormalize": renormalize,
-            "grouped": grouped,
-            "bias": bias,
-            "scaled": scaled,
-            "contiguous": False,
-        }
-        cases.append(OpCase(f"tokens=33,experts={experts},top_k={top_k},{name},strided", params))
-    return tuple(cases)
+    *case_grid(
+        _topk_case_name,
+        axis("tokens", (33,)),
+        _EXPERTS_TOPK[:1],
+        _ROUTINGS,
+        axis("contiguous", (False,)),
+    ),
+)
 
 
 def _distinct_rows(
@@ -252,7 +275,7 @@ TOPK = OpContract(
     reference=topk_reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_topk_cases(),
+    cases=_TOPK_CASES,
     make_inputs=_make_topk_inputs,
     canonical_output=canonical_topk,
 )
@@ -344,25 +367,31 @@ def fused_moe_reference(
     )
 
 
-def _fused_moe_cases() -> tuple[OpCase, ...]:
-    cases = []
-    grid = itertools.product((0, 1, 17), ((4, 1), (8, 2), (60, 4)), MoeActivation, (True,))
+def _fused_moe_case_name(p: Mapping[str, Any]) -> str:
+    return f"{_experts_name(p)},{p['activation']}{_strided_suffix(p)}"
+
+
+_FUSED_MOE_SIZES = (axis("hidden", (64,)), axis("intermediate", (32,)))
+_ACTIVATIONS = axis("activation", tuple(activation.value for activation in MoeActivation))
+_FUSED_MOE_CASES = (
+    *case_grid(
+        _fused_moe_case_name,
+        axis("tokens", (0, 1, 17)),
+        ({"experts": 4, "top_k": 1}, {"experts": 8, "top_k": 2}, {"experts": 60, "top_k": 4}),
+        *_FUSED_MOE_SIZES,
+        _ACTIVATIONS,
+        axis("contiguous", (True,)),
+    ),
     # x as a strided view (a slice of a wider activation buffer), once per activation.
-    strided = itertools.product((17,), ((8, 2),), MoeActivation, (False,))
-    for tokens, (experts, top_k), activation, contiguous in itertools.chain(grid, strided):
-        params = {
-            "tokens": tokens,
-            "experts": experts,
-            "top_k": top_k,
-            "hidden": 64,
-            "intermediate": 32,
-            "activation": activation.value,
-            "contiguous": contiguous,
-        }
-        name = f"tokens={tokens},experts={experts},top_k={top_k},{activation.value}"
-        name += "" if contiguous else ",strided"
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+    *case_grid(
+        _fused_moe_case_name,
+        axis("tokens", (17,)),
+        ({"experts": 8, "top_k": 2},),
+        *_FUSED_MOE_SIZES,
+        _ACTIVATIONS,
+        axis("contiguous", (False,)),
+    ),
+)
 
 
 def _make_fused_moe_inputs(
@@ -402,6 +431,6 @@ FUSED_MOE = OpContract(
     reference=fused_moe_reference,
     dtypes=STANDARD_DTYPES,
     tolerances=FUSED_MOE_TOLERANCES,
-    cases=_fused_moe_cases(),
+    cases=_FUSED_MOE_CASES,
     make_inputs=_make_fused_moe_inputs,
 )

@@ -6,8 +6,7 @@ Name and signature are those of the FlagOS SGLang plugin, so its vendor kernels 
 from __future__ import annotations
 
 import inspect
-import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +17,8 @@ from .contract import (
     OpCase,
     OpContract,
     OpInputs,
+    axis,
+    case_grid,
     layer,
     random_tensor,
 )
@@ -54,11 +55,11 @@ def lane_axes(section: Sequence[int], interleaved: bool) -> list[int]:
     """Which position axis (0 temporal, 1 height, 2 width) owns each frequency lane."""
     lanes = sum(section)
     if not interleaved:
-        return [axis for axis, size in enumerate(section) for _ in range(size)]
+        return [owner for owner, size in enumerate(section) for _ in range(size)]
     axes = [0] * lanes
-    for axis in (1, 2):
-        for lane in range(axis, min(AXES * section[axis], lanes), AXES):
-            axes[lane] = axis
+    for owner in (1, 2):
+        for lane in range(owner, min(AXES * section[owner], lanes), AXES):
+            axes[lane] = owner
     return axes
 
 
@@ -104,35 +105,24 @@ def reference(
     return outputs[0], outputs[1]
 
 
-def _cases() -> tuple[OpCase, ...]:
-    cases = []
-    for tokens, three_d, (
-        head_size,
-        rotary_dim,
-    ), interleaved_sections, neox, layout in itertools.product(
-        (0, 1, 17),
-        (True, False),
-        ((16, 16), (64, 32)),
-        (False, True),
-        (True, False),
-        ("contiguous", "qkv-slices"),
-    ):
-        name = f"tokens={tokens},positions={'3d' if three_d else '1d'},rotary_dim={rotary_dim}"
-        name += f"/{head_size}" if rotary_dim < head_size else ""
-        name += ",interleaved-sections" if interleaved_sections else ""
-        name += ",neox" if neox else ",gptj"
-        name += ",qkv-slices" if layout == "qkv-slices" else ""
-        params = {
-            "tokens": tokens,
-            "three_d": three_d,
-            "head_size": head_size,
-            "rotary_dim": rotary_dim,
-            "interleaved_sections": interleaved_sections,
-            "neox": neox,
-            "qkv_slices": layout == "qkv-slices",
-        }
-        cases.append(OpCase(name, params))
-    return tuple(cases)
+def _case_name(p: Mapping[str, Any]) -> str:
+    positions = "3d" if p["three_d"] else "1d"
+    name = f"tokens={p['tokens']},positions={positions},rotary_dim={p['rotary_dim']}"
+    name += f"/{p['head_size']}" if p["rotary_dim"] < p["head_size"] else ""
+    name += ",interleaved-sections" if p["interleaved_sections"] else ""
+    name += ",neox" if p["neox"] else ",gptj"
+    return name + (",qkv-slices" if p["qkv_slices"] else "")
+
+
+CASES = case_grid(
+    _case_name,
+    axis("tokens", (0, 1, 17)),
+    axis("three_d", (True, False)),
+    ({"head_size": 16, "rotary_dim": 16}, {"head_size": 64, "rotary_dim": 32}),
+    axis("interleaved_sections", (False, True)),
+    axis("neox", (True, False)),
+    axis("qkv_slices", (False, True)),
+)
 
 
 # Qwen2-VL-like lane counts for the two rotary sizes of the cases: t, h, w.
@@ -180,6 +170,6 @@ CONTRACT = OpContract(
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
-    cases=_cases(),
+    cases=CASES,
     make_inputs=_make_inputs,
 )

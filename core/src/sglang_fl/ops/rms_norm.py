@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -51,7 +51,8 @@ def reference(
     return out if residual is None else (out, residual)
 
 
-def _case_name(p: Mapping[str, Any]) -> str:
+def case_name(p: Mapping[str, Any]) -> str:
+    """The case name of a residual-norm op (``rms_norm``, ``gemma_rms_norm``)."""
     name = f"tokens={p['tokens']},hidden={p['hidden']}"
     name += ",residual" if p["residual"] else ""
     return name + ("" if p["contiguous"] else ",strided")
@@ -60,7 +61,7 @@ def _case_name(p: Mapping[str, Any]) -> str:
 _RESIDUAL = axis("residual", (False, True))
 CASES = (
     *case_grid(
-        _case_name,
+        case_name,
         axis("tokens", (1, 7, 33)),
         axis("hidden", (16, 128, 1024)),
         _RESIDUAL,
@@ -68,7 +69,7 @@ CASES = (
     ),
     # An empty batch (0 tokens), with and without the residual.
     *case_grid(
-        _case_name,
+        case_name,
         axis("tokens", (0,)),
         axis("hidden", (128,)),
         _RESIDUAL,
@@ -77,19 +78,42 @@ CASES = (
 )
 
 
-def _make_inputs(
-    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+def residual_norm_inputs(
+    case: OpCase,
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator,
+    weight_from_noise: Callable[[torch.Tensor], torch.Tensor],
+    **attributes: Any,
 ) -> OpInputs:
+    """Inputs of a residual-norm case; ``weight_from_noise`` maps float32 noise to the weight.
+
+    Shared by ``rms_norm`` and ``gemma_rms_norm``, whose layers differ only in the weight's
+    form; ``attributes`` are the layer's further attributes.
+    """
     p = case.params
     shape = (p["tokens"], p["hidden"])
     x = random_tensor(shape, dtype, device, generator, contiguous=p["contiguous"])
-    weight = (1.0 + 0.1 * random_tensor((p["hidden"],), torch.float32, device, generator)).to(dtype)
-    obj = layer(weight=weight, variance_epsilon=1e-6, hidden_size=p["hidden"])
+    noise = random_tensor((p["hidden"],), torch.float32, device, generator)
+    obj = layer(weight=weight_from_noise(noise).to(dtype), variance_epsilon=1e-6, **attributes)
     if not p["residual"]:
         return OpInputs(obj=obj, args=(x,), preserved=("x",))
     residual = random_tensor(shape, dtype, device, generator)
     # Fused kernels may write both results in place: nothing is preserved, nothing required.
     return OpInputs(obj=obj, args=(x, residual))
+
+
+def _make_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    return residual_norm_inputs(
+        case,
+        dtype,
+        device,
+        generator,
+        lambda noise: 1.0 + 0.1 * noise,
+        hidden_size=case.params["hidden"],
+    )
 
 
 CONTRACT = OpContract(

@@ -50,14 +50,28 @@ CASES = (
 )
 
 
-def _make_inputs(
-    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+def gate_inputs(
+    case: OpCase,
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator,
+    **attributes: Any,
 ) -> OpInputs:
+    """A ``[tokens, 2*d]`` input the op must leave untouched, and a layer with ``attributes``.
+
+    Shared by the gated activations (``silu_and_mul``, ``gelu_and_mul``).
+    """
     p = case.params
     x = random_tensor(
         (p["tokens"], 2 * p["d"]), dtype, device, generator, contiguous=p["contiguous"]
     )
-    return OpInputs(obj=layer(), args=(x,), preserved=("x",))
+    return OpInputs(obj=layer(**attributes), args=(x,), preserved=("x",))
+
+
+def _make_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    return gate_inputs(case, dtype, device, generator)
 
 
 CONTRACT = OpContract(
