@@ -334,7 +334,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
             blocks.append("plugins that never registered (they implement nothing)\n" + table)
         return "\n\n".join(blocks) + "\n\n(# = call order: pluggy calls 1 first)"
 
-    _emit(args, dict(report), text)
+    _emit(args, {"schema_version": SCHEMA_VERSION, **report}, text)
     return 0
 
 

@@ -24,15 +24,23 @@ class PluginLoadError(SglangFlError):
     """A vendor plugin failed to load (raised only with ``SGLANG_FL_STRICT=1``)."""
 
 
-class UnknownOpError(SglangFlError, KeyError):
-    """An op name that is not a standard op; the message names the close match.
+class UnknownNameError(SglangFlError, KeyError):
+    """A name looked up that does not exist; the message names the close match.
 
-    A ``KeyError`` too, so a lookup by op name fails the way a mapping lookup does.
+    A ``KeyError`` too, so a lookup by name fails the way a mapping lookup does.
     """
 
     def __str__(self) -> str:
         # KeyError's str() is the repr of its key; this error's argument is a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownOpError(UnknownNameError):
+    """An op name that is not a standard op."""
+
+
+class UnknownHookError(UnknownNameError):
+    """A hook name that is not one of sglang-fl's hook specifications."""
 
 
 class NoImplementationError(SglangFlError, LookupError):

@@ -19,6 +19,7 @@ from typing import TypedDict
 
 import pluggy
 
+from .errors import UnknownHookError
 from .loader import PluginRecord, PluginStatus, _SeedAdapter
 from .runtime import Runtime
 
@@ -114,7 +115,7 @@ def hooks_report(runtime: Runtime, hook: str | None = None) -> HooksReport:
         if hook not in known:
             close = difflib.get_close_matches(hook, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"unknown hook {hook!r}{hint}; known hooks: {', '.join(known)}")
+            raise UnknownHookError(f"unknown hook {hook!r}{hint}; known hooks: {', '.join(known)}")
         specified = {name: caller for name, caller in specified.items() if name == hook}
         unmatched = [u for u in unmatched if u["hook"] == hook]
     return {
