@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_engine import ENGINE_TIMEOUT_S, HERE, clean_env, scheduler_layers
+from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env, scheduler_layers
 from tiny_models import build_tiny_model, hf_greedy
 
 from sglang_fl.integrations.sglang.report import read_log
