@@ -224,10 +224,7 @@ class SglKernelDouble(SdkDouble):
         self.record("rmsnorm", input, weight, eps, out)
         self.RMSNORM_HALF.check(input.dtype in HALF, str(input.dtype))
         self._check_norm(input, weight)
-        if out is None:
-            out = torch.empty_like(input)
-        out.copy_(_normalise(input.float(), weight, eps).to(input.dtype))
-        return out
+        return _norm_into(out, input, weight, eps)
 
     def fused_add_rmsnorm(
         self,
@@ -240,9 +237,7 @@ class SglKernelDouble(SdkDouble):
         self.record("fused_add_rmsnorm", input, residual, weight, eps)
         self.FUSED_ADD_DTYPE.check(input.dtype in FLOATS, str(input.dtype))
         self._check_norm(input, weight, residual)
-        total = input.float() + residual.float()
-        residual.copy_(total)  # step 1: residual += input
-        input.copy_(_normalise(total, weight, eps))  # step 2: input = norm(residual) * weight
+        _add_then_norm(input, residual, weight, eps)
 
     def gemma_rmsnorm(
         self,
@@ -255,10 +250,7 @@ class SglKernelDouble(SdkDouble):
         self.record("gemma_rmsnorm", input, weight, eps, out)
         self.GEMMA_HALF.check(input.dtype in HALF, str(input.dtype))
         self._check_norm(input, weight)
-        if out is None:
-            out = torch.empty_like(input)
-        out.copy_(_normalise(input.float(), 1.0 + weight.float(), eps).to(input.dtype))
-        return out
+        return _norm_into(out, input, 1.0 + weight.float(), eps)  # scale 1 + weight
 
     def gemma_fused_add_rmsnorm(
         self,
@@ -271,9 +263,7 @@ class SglKernelDouble(SdkDouble):
         self.record("gemma_fused_add_rmsnorm", input, residual, weight, eps)
         self.GEMMA_HALF.check(input.dtype in HALF, str(input.dtype))
         self._check_norm(input, weight, residual)
-        total = input.float() + residual.float()
-        residual.copy_(total)  # step 1: residual += input
-        input.copy_(_normalise(total, 1.0 + weight.float(), eps))  # step 2, scale 1 + weight
+        _add_then_norm(input, residual, 1.0 + weight.float(), eps)  # scale 1 + weight
 
     def rotary_embedding(
         self,
@@ -544,6 +534,25 @@ def _row(tensor: torch.Tensor) -> str:
 
 def _strides(**tensors: torch.Tensor | None) -> str:
     return ", ".join(f"{n} strides {t.stride()}" for n, t in tensors.items() if t is not None)
+
+
+def _norm_into(
+    out: torch.Tensor | None, input: torch.Tensor, gamma: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The unfused norms: ``norm(input) * gamma`` in float32, rounded into ``out`` (or new)."""
+    if out is None:
+        out = torch.empty_like(input)
+    out.copy_(_normalise(input.float(), gamma, eps).to(input.dtype))
+    return out
+
+
+def _add_then_norm(
+    input: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, eps: float
+) -> None:
+    """The fused norms, in place: ``residual += input``, then ``input = norm(residual) * gamma``."""
+    total = input.float() + residual.float()
+    residual.copy_(total)
+    input.copy_(_normalise(total, gamma, eps))
 
 
 def _normalise(total: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
