@@ -58,6 +58,7 @@ def test_every_documented_variable_exists():
         "SGLANG_FL_PLUGINS",
         "SGLANG_FL_DISABLE_PLUGINS",
         "SGLANG_FL_DISPATCH_LOG",
+        "SGLANG_FL_PLUGIN_TIMEOUT",
         "SGLANG_FL_TRACE",
     }
 
@@ -228,6 +229,7 @@ deny_vendors = "bad"
 plugins = []
 disable_plugins = ["old"]
 dispatch_log = "/tmp/x.jsonl"
+plugin_timeout = 5
 trace = "yes"
 
 [per_op]
@@ -244,6 +246,7 @@ silu_and_mul = "vendor,reference"
     assert s.plugins == ()
     assert s.disable_plugins == ("old",)
     assert s.dispatch_log == Path("/tmp/x.jsonl")
+    assert s.plugin_timeout == 5.0
     assert s.trace is True
     assert dict(s.per_op) == {
         "rms_norm": (OrderToken("reference"),),

@@ -120,23 +120,59 @@ def test_concurrent_first_use_gives_one_runtime_and_one_resolution(load_counter)
     assert len(resolutions) == 1
 
 
-def test_concurrent_resolution_probes_once(monkeypatch):
-    """Threads racing on a cold op with a slow probe: one probe call, one Resolution."""
-    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")
+PROBED_PLUGIN = """
+import threading
+import time
+
+from sglang_fl.types import Availability, BackendImplKind, OpImpl, hookimpl
+
+CALLS = []
+PROBING = threading.Event()
+RELEASE = threading.Event()
+
+
+def slow_probe():
+    CALLS.append("slow")
+    PROBING.set()
+    RELEASE.wait(timeout=30)
+    return Availability(True, "slow but fine")
+
+
+def quick_probe():
+    CALLS.append("quick")
+    return Availability(False, "quick probe ran")
+
+
+def silu(obj, x):
+    return "slow"
+
+
+def rms(obj, x, residual=None):
+    return "quick"
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, silu, "slow",
+                             available=slow_probe))
+    registry.register(OpImpl("rms_norm", "vendor.quick", BackendImplKind.VENDOR, rms, "quick",
+                             available=quick_probe))
+"""
+
+
+def probed_runtime(plugin_site, monkeypatch):
+    """The runtime with one real plugin whose probes the test drives (its module's events)."""
+    module = plugin_site.plugin("probed", PROBED_PLUGIN)
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "probed")
     runtime = runtime_module.get_runtime()
-    calls = []
+    assert runtime.plugin("probed").status == "loaded", runtime.plugin("probed").error
+    return runtime, sys.modules[module]
 
-    def probe():
-        calls.append(1)
-        time.sleep(0.05)
-        return Availability(True, "slow but fine")
 
-    def fn(obj, x):
-        return "vendor"
-
-    runtime.registry.register(
-        OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, fn, "slow", available=probe)
-    )
+def test_concurrent_resolution_probes_once(plugin_site, monkeypatch):
+    """Threads racing on a cold op with a slow probe: one probe call, one Resolution."""
+    runtime, plugin = probed_runtime(plugin_site, monkeypatch)
+    threading.Timer(0.05, plugin.RELEASE.set).start()
     barrier = threading.Barrier(8)
     seen = []
 
@@ -152,7 +188,7 @@ def test_concurrent_resolution_probes_once(monkeypatch):
     assert len(seen) == 8
     assert len({id(r) for r in seen}) == 1
     assert seen[0].decision.chosen.impl_id == "vendor.slow"
-    assert calls == [1]
+    assert plugin.CALLS == ["slow"]
 
 
 # -- fork -----------------------------------------------------------------------------------------
@@ -247,7 +283,8 @@ def test_fork_while_a_thread_holds_the_runtime_lock(load_counter):
 
 @needs_fork
 def test_fork_while_a_thread_is_loading_the_runtime(load_counter, monkeypatch):
-    """The parent's loader holds the module lock mid-load; the child loads its own runtime."""
+    """The parent's loader holds the module lock mid-load: the fork waits for the load to end,
+    so the child inherits the loaded runtime instead of half-done imports."""
     started = threading.Event()
     counting = runtime_module.load_plugins
 
@@ -268,51 +305,34 @@ def test_fork_while_a_thread_is_loading_the_runtime(load_counter, monkeypatch):
         assert run_in_child(child) == 0
     finally:
         loader.join(timeout=30)
-    assert len(load_counter) == 1  # the child's load happened in the child only
+    assert len(load_counter) == 1  # the child inherited the parent's load
 
 
 @needs_fork
-def test_fork_while_a_thread_is_probing_availability(monkeypatch):
-    """A thread resolving an op whose probe blocks holds the runtime's locks at fork time."""
-    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")
-    runtime = runtime_module.get_runtime()
-    probing = threading.Event()
-    release = threading.Event()
-
-    def blocking_probe():
-        probing.set()
-        release.wait(timeout=30)
-        return True
-
-    def quick_probe():
-        return Availability(False, "child probe ran")
-
-    def silu(obj, x):
-        return "slow"
-
-    def rms(obj, x, residual=None):
-        return "quick"
-
-    runtime.registry.register(
-        OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, silu, "slow", 100,
-               available=blocking_probe)
-    )  # fmt: skip
-    runtime.registry.register(
-        OpImpl("rms_norm", "vendor.quick", BackendImplKind.VENDOR, rms, "quick", 100,
-               available=quick_probe)
-    )  # fmt: skip
+def test_fork_waits_for_a_probe_another_thread_runs(plugin_site, monkeypatch):
+    """A probe mid-way (maybe importing its SDK) at fork time: the fork waits for its answer,
+    so the child inherits the answer, not a half-done import; the child probes its own ops."""
+    runtime, plugin = probed_runtime(plugin_site, monkeypatch)
     resolver = threading.Thread(target=runtime.resolve, args=("silu_and_mul",))
     resolver.start()
     try:
-        assert probing.wait(timeout=10)
+        assert plugin.PROBING.wait(timeout=10)
+        threading.Timer(0.3, plugin.RELEASE.set).start()
 
         def child() -> int:
-            resolution = runtime_module.get_runtime().resolve("rms_norm")
-            verdicts = {c.impl.impl_id: c.reason for c in resolution.decision.candidates}
-            return 0 if verdicts["vendor.quick"] == "unavailable: child probe ran" else 12
+            runtime = runtime_module.get_runtime()
+            if runtime.resolve("silu_and_mul").decision.chosen.impl_id != "vendor.slow":
+                return 11
+            verdicts = {
+                c.impl.impl_id: c.reason for c in runtime.resolve("rms_norm").decision.candidates
+            }
+            if verdicts["vendor.quick"] != "unavailable: quick probe ran":
+                return 12
+            return 0 if plugin.CALLS == ["slow", "quick"] else 13  # the slow probe ran once
 
         assert run_in_child(child) == 0
     finally:
-        release.set()
+        plugin.RELEASE.set()
         resolver.join(timeout=10)
     assert runtime.resolve("silu_and_mul").decision.chosen.impl_id == "vendor.slow"
+    assert plugin.CALLS == ["slow"]  # the child's quick probe ran in the child only

@@ -171,6 +171,19 @@ def _parse_per_op(raw: Any, where: str) -> dict[str, tuple[OrderToken, ...]]:
     return result
 
 
+def _parse_seconds(raw: Any, where: str) -> float:
+    """A positive number of seconds (an int or float in TOML, a decimal in a variable)."""
+    value: object = raw
+    if isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(f"{where}={raw!r}: expected a positive number of seconds, e.g. 60")
+    return float(value)
+
+
 def _parse_path(raw: Any, where: str) -> Path | None:
     if not isinstance(raw, str):
         raise ConfigError(f"{where}={raw!r}: expected a file path")
@@ -226,6 +239,13 @@ SETTINGS: tuple[_Setting, ...] = (
         "append the SGLang dispatch report as JSON lines to this file",
     ),
     _Setting(
+        "plugin_timeout",
+        _parse_seconds,
+        60.0,
+        "seconds a plugin's hook or availability probe may run before it is abandoned and "
+        "reported as failed / unavailable",
+    ),
+    _Setting(
         "trace",
         _parse_trace,
         False,
@@ -247,6 +267,7 @@ class Settings:
     plugins: tuple[str, ...] | None = None
     disable_plugins: tuple[str, ...] = ()
     dispatch_log: Path | None = None
+    plugin_timeout: float = 60.0
     trace: bool | Path = False
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)

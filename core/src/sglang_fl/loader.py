@@ -1,15 +1,20 @@
 """Discovers vendor plugins through the ``sglang_fl.backends`` entry points and loads them.
 
 One scan per process. Allow/deny lists are applied to entry-point *names* before anything
-is imported. A plugin that fails (import, validation, hook raising, refused registration)
-is recorded with its error and leaves nothing registered; the others load regardless. With
-``SGLANG_FL_STRICT=1`` the first failure raises :class:`~sglang_fl.errors.PluginLoadError`.
+is imported. A plugin that fails (import, validation, hook raising anything or not returning
+within ``SGLANG_FL_PLUGIN_TIMEOUT``, refused registration) is recorded with its error and
+leaves nothing registered; the others load regardless. With ``SGLANG_FL_STRICT=1`` the first
+failure raises :class:`~sglang_fl.errors.PluginLoadError`. Once loading ends the registry is
+sealed: registrations are accepted only from the hook of the plugin being loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, distributions, entry_points
 from types import ModuleType
@@ -24,6 +29,7 @@ from .config import Settings
 from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
+from .guard import call_plugin_code, describe_exception
 from .hook_trace import trace_hook_calls
 from .schema import PluginJson, PluginSummary
 
@@ -33,6 +39,7 @@ __all__ = [
     "PluginStatus",
     "call_plugin_hook",
     "load_plugins",
+    "loading_in_this_thread",
     "new_plugin_manager",
 ]
 
@@ -40,6 +47,7 @@ ENTRY_POINT_GROUP = "sglang_fl.backends"
 CORE_DISTRIBUTION = "sglang-fl"
 
 _log = logging.getLogger(__name__)
+_loading_threads: set[int] = set()  # threads inside load_plugins (importing plugins) right now
 
 
 class PluginStatus(StrEnum):
@@ -117,14 +125,15 @@ def load_plugins(
     Under ``settings.strict`` a failed plugin raises, unless ``tolerate_failures`` (the CLI,
     which must report every plugin, sets it and reports the failure instead).
     """
-    records = [_load_reference(registry, pm)]
-    found, unreadable = _discover()
-    seen: dict[str, PluginRecord] = {}
-    for ep in sorted(found, key=lambda e: e.name):
-        record = _load_entry_point(ep, settings, registry, pm, seen)
-        seen.setdefault(ep.name, record)
-        records.append(record)
-    records.extend(unreadable)
+    with _loading_thread(), _loading(registry) as loader_key:
+        records = [_load_reference(registry, pm, loader_key)]
+        found, unreadable = _discover()
+        seen: dict[str, PluginRecord] = {}
+        for ep in sorted(found, key=lambda e: e.name):
+            record = _load_entry_point(ep, settings, registry, pm, seen, loader_key)
+            seen.setdefault(ep.name, record)
+            records.append(record)
+        records.extend(unreadable)
     for record in records:
         if record.status is PluginStatus.FAILED:
             _log.warning(
@@ -139,6 +148,34 @@ def load_plugins(
                     f"{record.version}) failed to load: {record.error}"
                 )
     return records
+
+
+def loading_in_this_thread() -> bool:
+    """Whether the calling thread is loading plugins (so a plugin's import is running here)."""
+    return threading.get_ident() in _loading_threads
+
+
+@contextmanager
+def _loading_thread() -> Iterator[None]:
+    me = threading.get_ident()
+    _loading_threads.add(me)
+    try:
+        yield
+    finally:
+        _loading_threads.discard(me)
+
+
+@contextmanager
+def _loading(registry: OpRegistry) -> Iterator[object]:
+    """Registrations only from the plugin being loaded; none at all once loading ends.
+
+    Yields the registry's loader key: only scopes opened with it are accepted while loading.
+    """
+    key = registry.begin_loading()
+    try:
+        yield key
+    finally:
+        registry.seal()
 
 
 def _discover() -> tuple[list[EntryPoint], list[PluginRecord]]:
@@ -171,11 +208,11 @@ def _discover() -> tuple[list[EntryPoint], list[PluginRecord]]:
     return found, unreadable
 
 
-def _load_reference(registry: OpRegistry, pm: pluggy.PluginManager) -> PluginRecord:
+def _load_reference(registry: OpRegistry, pm: pluggy.PluginManager, key: object) -> PluginRecord:
     name = reference_backend.PLUGIN_NAME
     pm.register(reference_backend, name=name)
     provenance = Provenance(name, CORE_DISTRIBUTION, __version__)
-    _call_register_ops(pm, reference_backend, registry, provenance)
+    _call_register_ops(pm, reference_backend, registry, provenance, key)
     return PluginRecord(
         name=name,
         module=reference_backend.__name__,
@@ -193,6 +230,7 @@ def _load_entry_point(
     registry: OpRegistry,
     pm: pluggy.PluginManager,
     seen: dict[str, PluginRecord],
+    key: object,
 ) -> PluginRecord:
     dist = getattr(ep, "dist", None)
     record = PluginRecord(
@@ -213,11 +251,34 @@ def _load_entry_point(
         return record
 
     try:
-        loaded = ep.load()
-    except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() must not end the host
+        return _import_and_register(ep, settings, registry, pm, record, key)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit: still its failure
+        if pm.has_plugin(ep.name):
+            pm.unregister(name=ep.name)
         return _failed(
             record,
-            f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}",
+            f"loading {ep.value!r} failed: {describe_exception(exc)}",
+            traceback.format_exc(),
+        )
+
+
+def _import_and_register(
+    ep: EntryPoint,
+    settings: Settings,
+    registry: OpRegistry,
+    pm: pluggy.PluginManager,
+    record: PluginRecord,
+    key: object,
+) -> PluginRecord:
+    """Import the plugin, check its hooks and run its registration hook (bounded in time)."""
+    try:
+        loaded = ep.load()
+    except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() must not end the host
+        return _failed(
+            record,
+            f"import of {ep.value!r} failed: {describe_exception(exc)}",
             traceback.format_exc(),
         )
     plugin: object = loaded
@@ -230,13 +291,19 @@ def _load_entry_point(
                 f"{ep.value!r} defines no @sglang_fl.hookimpl functions and no "
                 "register_builtins(registry)",
             )
+    if pm.is_registered(plugin):  # two entry points naming one module
+        return _failed(
+            record,
+            f"{ep.value!r} is already loaded as plugin {pm.get_name(plugin)!r}: one module can "
+            "be one plugin only (remove the duplicate entry point)",
+        )
     try:
         pm.register(plugin, name=ep.name)
     except pluggy.PluginValidationError as exc:
         # pluggy < 1.7 keeps the hooks it added before the invalid one: remove those too.
         if pm.is_registered(plugin):
             pm.unregister(plugin)
-        return _failed(record, f"invalid hook implementation: {exc}")
+        return _failed(record, f"invalid hook implementation: {describe_exception(exc)}")
     # pluggy's rule: an ``optionalhook=True`` implementation may match no specification (a
     # hook of a newer sglang-fl); ``sglang-fl hooks`` lists it as unmatched.
     unknown = [
@@ -251,14 +318,26 @@ def _load_entry_point(
         return _failed(record, f"unknown hook(s) {', '.join(unknown)}; known hooks: {known}")
 
     provenance = Provenance(ep.name, record.distribution or "<unknown>", record.version or "")
-    try:
-        _call_register_ops(pm, plugin, registry, provenance)
-    except (Exception, SystemExit) as exc:
+    timeout = settings.plugin_timeout
+    outcome = call_plugin_code(
+        lambda: _call_register_ops(pm, plugin, registry, provenance, key),
+        what=f"sglang_fl_register_ops of plugin {ep.name!r}",
+        timeout=timeout,
+    )
+    if outcome.timed_out:
+        registry.abandon_scope(provenance)  # whatever it registers later is refused
         pm.unregister(plugin)
         return _failed(
             record,
-            f"sglang_fl_register_ops raised {type(exc).__name__}: {exc}",
-            traceback.format_exc(),
+            f"sglang_fl_register_ops did not return within {timeout:g} s "
+            f"(SGLANG_FL_PLUGIN_TIMEOUT); abandoned, nothing of it is kept",
+        )
+    if outcome.error is not None:
+        pm.unregister(plugin)
+        return _failed(
+            record,
+            f"sglang_fl_register_ops raised {describe_exception(outcome.error)}",
+            outcome.details,
         )
     record.hooks = _hook_names(pm, plugin)
     return record
@@ -299,7 +378,11 @@ def call_plugin_hook(
 
 
 def _call_register_ops(
-    pm: pluggy.PluginManager, plugin: object, registry: OpRegistry, provenance: Provenance
+    pm: pluggy.PluginManager,
+    plugin: object,
+    registry: OpRegistry,
+    provenance: Provenance,
+    key: object,
 ) -> None:
-    with registry.plugin_scope(provenance):
+    with registry.plugin_scope(provenance, loader_key=key):
         call_plugin_hook(pm, plugin, "sglang_fl_register_ops", registry=registry)

@@ -1,8 +1,11 @@
 """The process-wide runtime: settings, plugins and registry loaded once, resolutions cached.
 
-Thread-safe (one lock; concurrent first calls get one runtime and one answer per op) and
-fork-safe (a forked child inherits the loaded runtime, gets fresh locks, never registers
-twice). SGLang's spawned workers are new interpreters and load their own, once.
+Thread-safe (one lock; concurrent first calls get one runtime and one answer per op). Fork:
+``os.fork()`` waits (up to ``SGLANG_FL_PLUGIN_TIMEOUT``) for a plugin load or availability
+probe another thread is running, so the child never inherits a half-done import; the child
+inherits the loaded runtime with fresh locks and never registers twice. A child forked while a
+load was still running after that wait gets a clear error from :func:`get_runtime` instead of
+hanging on an import lock. SGLang's spawned workers are new interpreters and load their own.
 """
 
 from __future__ import annotations
@@ -20,8 +23,16 @@ from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
+from ._forksafe import reset_locks_in_child
 from .errors import PluginLoadError, SglangFlError
-from .loader import PluginRecord, call_plugin_hook, load_plugins, new_plugin_manager
+from .guard import call_plugin_code, describe_exception, in_plugin_code
+from .loader import (
+    PluginRecord,
+    call_plugin_hook,
+    load_plugins,
+    loading_in_this_thread,
+    new_plugin_manager,
+)
 from .ops import STANDARD_OPS
 
 __all__ = ["PlatformAnswer", "Runtime", "get_runtime", "reset_runtime"]
@@ -50,12 +61,19 @@ class Runtime:
         self.plugins: tuple[PluginRecord, ...] = tuple(
             load_plugins(config, self.registry, self.plugin_manager, tolerate_failures=inspecting)
         )
-        self._availability = AvailabilityCache()
+        self._availability = AvailabilityCache(timeout=config.plugin_timeout)
         self._resolutions: dict[str, Resolution] = {}
         self._lock = threading.RLock()
+        reset_locks_in_child(self)
 
     def resolve(self, op_name: str) -> Resolution:
         """The cached resolution of ``op_name``: bind ``.fn`` once, read ``.decision``."""
+        running = in_plugin_code()
+        if running is not None:  # a probe resolving would wait for its own resolution
+            raise SglangFlError(
+                f"{running} asked to resolve op {op_name!r}: plugin code (hooks, availability "
+                "probes) cannot resolve ops; a probe answers for its own kernels only"
+            )
         cached = self._resolutions.get(op_name)
         if cached is not None:
             return cached
@@ -100,15 +118,22 @@ class Runtime:
         :meth:`platform` asks no plugin after the first class path (``sglang-fl hooks`` asks all).
         """
         pm = self.plugin_manager
+        timeout = self.config.plugin_timeout
         for impl in reversed(pm.hook.sglang_fl_platform.get_hookimpls()):
-            try:
-                result = call_plugin_hook(pm, impl.plugin, "sglang_fl_platform")
-            except Exception as exc:
-                problem = f"sglang_fl_platform raised {type(exc).__name__}: {exc}"
+            outcome = call_plugin_code(
+                lambda plugin=impl.plugin: call_plugin_hook(pm, plugin, "sglang_fl_platform"),
+                what=f"sglang_fl_platform of plugin {impl.plugin_name!r}",
+                timeout=timeout,
+            )
+            result = outcome.value
+            if outcome.timed_out:
+                problem = f"sglang_fl_platform did not return within {timeout:g} s"
+            elif outcome.error is not None:
+                problem = f"sglang_fl_platform raised {describe_exception(outcome.error)}"
+            elif result is None or (isinstance(result, str) and result.strip()):
+                yield PlatformAnswer(impl.plugin_name, result)
+                continue
             else:
-                if result is None or (isinstance(result, str) and result.strip()):
-                    yield PlatformAnswer(impl.plugin_name, result)
-                    continue
                 problem = f"sglang_fl_platform returned {result!r}, not a class path or None"
             yield PlatformAnswer(impl.plugin_name, None, problem)
 
@@ -124,27 +149,46 @@ class Runtime:
         self._lock = threading.RLock()
         # A parent thread may have held these at fork time (e.g. mid availability probe, which
         # runs under the cache's lock): the child would block on them forever.
-        self._availability._lock = threading.Lock()
+        self._availability._reset_locks_after_fork()
         self.registry._lock = threading.RLock()
 
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+# Set in a child forked while another thread was still loading plugins: why it cannot load.
+_forked_mid_load: str | None = None
+# How long os.fork() waits for a load in progress (the settings being loaded say).
+_fork_wait_s = 60.0
 
 
 def get_runtime() -> Runtime:
-    """The process-wide :class:`Runtime`, loading settings and plugins on first use."""
+    """The process-wide :class:`Runtime`, loading settings and plugins on first use.
+
+    Called from plugin code while plugins load (a plugin's import or hook), it raises
+    :class:`~sglang_fl.errors.PluginLoadError` instead of waiting for itself.
+    """
     runtime = _runtime
     if runtime is not None:
         return runtime
+    running = in_plugin_code()
+    if running is not None or loading_in_this_thread():
+        caller = running or "a plugin's import"
+        raise PluginLoadError(
+            f"get_runtime() was called from {caller} while sglang-fl loads its plugins; the "
+            "runtime exists only once loading finished (a hook gets what it needs as arguments)"
+        )
+    if _forked_mid_load is not None:
+        raise PluginLoadError(_forked_mid_load)
     return _load_runtime()
 
 
 def _load_runtime() -> Runtime:
-    global _runtime
+    global _runtime, _fork_wait_s
     with _runtime_lock:
         if _runtime is None:
-            _runtime = Runtime(Settings.from_environment())
+            settings = Settings.from_environment()
+            _fork_wait_s = settings.plugin_timeout
+            _runtime = Runtime(settings)
         return _runtime
 
 
@@ -155,12 +199,45 @@ def reset_runtime() -> None:
         _runtime = None
 
 
-def _after_fork_in_child() -> None:
-    global _runtime_lock
-    _runtime_lock = threading.Lock()
+_fork_holds_lock = False
+
+
+def _before_fork() -> None:
+    """Wait for another thread's plugin load, so the child inherits no half-done import."""
+    global _fork_holds_lock
+    if in_plugin_code() is not None or loading_in_this_thread():
+        return  # the load in progress is this thread's own: waiting would wait for ourselves
+    _fork_holds_lock = _runtime_lock.acquire(timeout=_fork_wait_s)
     if _runtime is not None:
-        _runtime._reset_locks_after_fork()
+        _runtime._availability.wait_for_probe_before_fork(_fork_wait_s)
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_holds_lock
+    if _runtime is not None:
+        _runtime._availability.release_after_fork()
+    if _fork_holds_lock:
+        _fork_holds_lock = False
+        _runtime_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _runtime_lock, _fork_holds_lock, _forked_mid_load
+    loading_elsewhere = _runtime_lock.locked() and not _fork_holds_lock
+    _fork_holds_lock = False
+    _runtime_lock = threading.Lock()
+    if loading_elsewhere and _runtime is None:
+        _forked_mid_load = (
+            f"this process was forked while another thread of its parent was still loading "
+            f"sglang-fl plugins after {_fork_wait_s:g} s (SGLANG_FL_PLUGIN_TIMEOUT); its "
+            "imports may be half done here. Load before forking (sglang_fl.get_runtime()) or "
+            "start workers with the 'spawn' method"
+        )
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

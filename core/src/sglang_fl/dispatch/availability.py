@@ -1,4 +1,5 @@
-"""Lazy availability probes: each probe runs at most once per process and never raises."""
+"""Lazy availability probes: each probe runs at most once per process, never raises, and is
+waited for at most ``SGLANG_FL_PLUGIN_TIMEOUT`` seconds (then the kernel is unavailable)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..guard import call_plugin_code, describe_exception, safe_repr
 from .types import Availability, OpImpl
 
 __all__ = ["AvailabilityCache"]
@@ -16,9 +18,11 @@ _log = logging.getLogger(__name__)
 class AvailabilityCache:
     """Memoises probe results by probe (bound methods of one backend share one entry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, timeout: float = 60.0) -> None:
+        self.timeout = timeout
         self._results: dict[object, Availability] = {}
         self._lock = threading.Lock()
+        self._fork_holds_lock = False
 
     def check(self, impl: OpImpl) -> Availability:
         probe = impl.availability_probe
@@ -28,41 +32,66 @@ class AvailabilityCache:
             key = _key(probe)
             cached = self._results.get(key)
             if cached is None:
-                cached = self._results[key] = _run(probe, impl)
+                cached = self._results[key] = _run(probe, impl, self.timeout)
             return cached
+
+    # -- fork (see sglang_fl.runtime) ---------------------------------------------------------
+
+    def wait_for_probe_before_fork(self, timeout: float) -> None:
+        """Let a probe another thread runs finish, so the child inherits no half-done import."""
+        self._fork_holds_lock = self._lock.acquire(timeout=timeout)
+
+    def release_after_fork(self) -> None:
+        if self._fork_holds_lock:
+            self._fork_holds_lock = False
+            self._lock.release()
+
+    def _reset_locks_after_fork(self) -> None:
+        self._fork_holds_lock = False
+        self._lock = threading.Lock()
 
 
 def _key(probe: Callable[[], object]) -> object:
     """The probe itself (equal bound methods share an entry), or its identity if unhashable."""
     try:
         hash(probe)
-    except TypeError:  # e.g. a callable dataclass instance: eq without hash
+    except Exception:  # e.g. a callable dataclass instance: eq without hash; a raising __hash__
         return ("unhashable probe", id(probe))
     return probe
 
 
-def _run(probe: Callable[[], object], impl: OpImpl) -> Availability:
-    try:
-        result = probe()
-    except Exception as exc:  # a vendor bug must not take the process down
+def _run(probe: Callable[[], object], impl: OpImpl, timeout: float) -> Availability:
+    outcome = call_plugin_code(
+        probe, what=f"the availability probe of {impl.impl_id!r}", timeout=timeout
+    )
+    if outcome.timed_out:
+        reason = (
+            f"availability probe did not answer within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT);"
+            " treated as unavailable"
+        )
+        _log.warning("%s (%s): %s", impl.impl_id, impl.provenance, reason)
+        return Availability(False, reason)
+    if outcome.error is not None:  # a vendor bug, even sys.exit(), must not end the process
+        error = describe_exception(outcome.error)
         _log.warning(
-            "availability probe of %s (%s) raised %s: %s; treating it as unavailable",
+            "availability probe of %s (%s) raised %s; treating it as unavailable",
             impl.impl_id,
             impl.provenance,
-            type(exc).__name__,
-            exc,
+            error,
         )
-        return Availability(False, f"availability probe raised {type(exc).__name__}: {exc}")
+        return Availability(False, f"availability probe raised {error}")
+    result = outcome.value
     if isinstance(result, Availability):
         return result
     if result is True:
         return Availability(True, "probe reported available")
     if result is False:
         return Availability(False, "probe reported unavailable")
+    shown = safe_repr(result)
     _log.warning(
-        "availability probe of %s (%s) returned %r, not a bool; treating it as unavailable",
+        "availability probe of %s (%s) returned %s, not a bool; treating it as unavailable",
         impl.impl_id,
         impl.provenance,
-        result,
+        shown,
     )
-    return Availability(False, f"availability probe returned {result!r}, not a bool")
+    return Availability(False, f"availability probe returned {shown}, not a bool")

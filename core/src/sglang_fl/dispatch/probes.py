@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
+from .._forksafe import reset_locks_in_child
 from .types import Availability
 
 __all__ = ["ChipSdk"]
@@ -33,6 +34,7 @@ class ChipSdk:
     """
 
     __slots__ = (
+        "__weakref__",
         "_error",
         "_lock",
         "_probed",
@@ -66,6 +68,10 @@ class ChipSdk:
         self._error: str | None = None
         self._probed: Availability | None = None
         # Re-entrant: a count_devices that reads `.module` may run while a probe holds it.
+        self._lock = threading.RLock()
+        reset_locks_in_child(self)
+
+    def _reset_locks_after_fork(self) -> None:
         self._lock = threading.RLock()
 
     def require(self) -> ModuleType:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .._strenum import StrEnum
 
 from ..errors import RegistrationError, UnknownOpError
 from ..ops import STANDARD_OPS, unknown_op_message
 from .types import BackendImplKind, OpImpl, Provenance
 
-__all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry"]
+__all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry", "RegistryState"]
 
 # Provenance of registrations made outside a plugin load (a test, an interactive session).
 DIRECT_PROVENANCE = Provenance(plugin="<direct>", distribution="<none>", version="")
@@ -27,39 +29,64 @@ class NoKernel:
     provenance: Provenance
 
 
+class RegistryState(StrEnum):
+    """Who may register: anyone (a test's own registry), one plugin scope at a time, nobody."""
+
+    OPEN = "open"  # direct registrations get DIRECT_PROVENANCE; scopes may open
+    LOADING = "loading"  # the loader runs: only the open scope's own thread registers
+    SEALED = "sealed"  # loading finished: every registration and scope is refused
+
+
+@dataclass
+class _Scope:
+    """One plugin's open registration scope: who, from which thread, and what it staged."""
+
+    provenance: Provenance
+    thread: int  # the thread running the plugin's hook: the only one whose registrations count
+    threads_before: frozenset[int]  # threads alive when it opened (not started by the plugin)
+    staged: list[OpImpl] = field(default_factory=list)
+    staged_no_kernel: list[NoKernel] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+
 class OpRegistry:
     """Implementations per op, each stamped with the provenance of the plugin that added it.
 
     A plugin's registrations are staged inside :meth:`plugin_scope` and kept only if the whole
     hook succeeds and no registration was refused: a failing plugin leaves nothing behind.
+    Provenance comes from the scope alone (what a plugin puts in ``OpImpl.provenance`` is
+    replaced). While the loader runs (:meth:`begin_loading`) only the thread that opened the
+    current scope may register; once loading ends (:meth:`seal`) nobody may.
     """
 
     def __init__(self) -> None:
         self._impls: dict[str, list[OpImpl]] = {name: [] for name in STANDARD_OPS}
         self._owners: dict[str, Provenance] = {}
         self._lock = threading.RLock()
-        self._scope: Provenance | None = None
-        self._staged: list[OpImpl] = []
-        self._refusals: list[str] = []
+        self._state = RegistryState.OPEN
+        self._scope: _Scope | None = None
+        self._committed_plugins: set[str] = set()
+        self._loader_key: object | None = None
         self._no_kernel: dict[str, list[NoKernel]] = {name: [] for name in STANDARD_OPS}
-        self._staged_no_kernel: list[NoKernel] = []
 
     # -- plugin-facing API --------------------------------------------------------------------
 
     def register(self, impl: OpImpl) -> None:
         """Add one implementation; raises :class:`RegistrationError` naming what is wrong."""
         with self._lock:
-            provenance = self._scope or DIRECT_PROVENANCE
+            scope = self._caller_scope("registered an implementation")
+            provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
             try:
-                self._validate(impl, provenance)
+                self._validate(impl, provenance, scope)
             except RegistrationError as exc:
-                self._refusals.append(str(exc))
+                if scope is not None:
+                    scope.refusals.append(str(exc))
                 raise
             stamped = impl.with_provenance(provenance)
-            if self._scope is None:
+            if scope is None:
                 self._commit([stamped])
             else:
-                self._staged.append(stamped)
+                scope.staged.append(stamped)
 
     def register_many(self, impls: Iterable[OpImpl]) -> None:
         """Add several implementations; the first refusal raises (and fails a plugin scope)."""
@@ -69,7 +96,8 @@ class OpRegistry:
     def declare_no_kernel(self, op_name: str, reason: str) -> None:
         """Say why this plugin registers nothing for ``op_name``; staged like a registration."""
         with self._lock:
-            provenance = self._scope or DIRECT_PROVENANCE
+            scope = self._caller_scope(f"declared no kernel for {op_name!r}")
+            provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
             who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
             problem = None
             if op_name not in STANDARD_OPS:
@@ -77,13 +105,14 @@ class OpRegistry:
             elif not isinstance(reason, str) or not reason.strip():
                 problem = f"{who} declared no kernel for {op_name!r} without a reason"
             if problem is not None:
-                self._refusals.append(problem)  # fails the plugin even if it is caught
+                if scope is not None:
+                    scope.refusals.append(problem)  # fails the plugin even if it is caught
                 raise RegistrationError(problem)
             gap = NoKernel(op_name, reason, provenance)
-            if self._scope is None:
+            if scope is None:
                 self._no_kernel[op_name].append(gap)
             else:
-                self._staged_no_kernel.append(gap)
+                scope.staged_no_kernel.append(gap)
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -112,33 +141,133 @@ class OpRegistry:
         with self._lock:
             return self._owners.get(impl_id)
 
+    @property
+    def state(self) -> RegistryState:
+        return self._state
+
     def __repr__(self) -> str:
         count = sum(len(impls) for impls in self._impls.values())
-        return f"<OpRegistry: {len(self._impls)} ops, {count} implementations>"
+        return f"<OpRegistry ({self._state}): {len(self._impls)} ops, {count} implementations>"
 
     # -- loader-facing API --------------------------------------------------------------------
 
-    @contextmanager
-    def plugin_scope(self, provenance: Provenance) -> Iterator[None]:
-        """Stage one plugin's registrations; commit only if the block and each of them succeed."""
+    def begin_loading(self) -> object:
+        """From now on, registrations are accepted only inside a plugin scope, from its thread.
+
+        Returns the key the loader passes to :meth:`plugin_scope`: while loading, only the
+        holder of this key opens scopes, so the provenance of every registration is the
+        loader's, never one a plugin made up.
+        """
         with self._lock:
+            if self._state is not RegistryState.OPEN:
+                raise RegistrationError(f"the registry is {self._state}; loading happens once")
+            self._state = RegistryState.LOADING
+            self._loader_key = object()
+            return self._loader_key
+
+    def seal(self) -> None:
+        """Loading is over: every later registration, and every later scope, is refused."""
+        with self._lock:
+            self._state = RegistryState.SEALED
+            self._scope = None  # a hook abandoned for not returning keeps nothing
+            self._loader_key = None
+
+    def abandon_scope(self, provenance: Provenance) -> None:
+        """Close ``provenance``'s scope, keeping nothing: its hook did not return in time."""
+        with self._lock:
+            if self._scope is not None and self._scope.provenance == provenance:
+                self._scope = None
+
+    @contextmanager
+    def plugin_scope(
+        self, provenance: Provenance, *, loader_key: object | None = None
+    ) -> Iterator[None]:
+        """Stage one plugin's registrations; commit only if the block and each of them succeed.
+
+        The calling thread is the plugin's: registrations from any other thread are refused
+        (and fail the plugin when that thread was started during the scope, i.e. by it). While
+        loading, only the loader (``loader_key``) opens scopes; a plugin whose registrations
+        were kept cannot get a second scope (nobody reopens ``reference``'s); none opens on a
+        sealed registry. The lock is not held while the block runs, so a hook that waits for a
+        worker thread cannot deadlock the registry.
+        """
+        with self._lock:
+            if self._state is RegistryState.SEALED:
+                raise RegistrationError(
+                    f"cannot open a registration scope for {provenance}: the registry is sealed "
+                    "(plugins register only from their sglang_fl_register_ops hook, while "
+                    "sglang-fl loads them)"
+                )
+            if self._state is RegistryState.LOADING and loader_key is not self._loader_key:
+                raise RegistrationError(
+                    f"cannot open a registration scope for {provenance}: while sglang-fl loads "
+                    "plugins only its loader opens scopes (provenance comes from the loader)"
+                )
             if self._scope is not None:
-                raise RuntimeError(f"plugin scope for {self._scope} is still open")
-            self._scope, self._staged, self._refusals = provenance, [], []
-            self._staged_no_kernel = []
-            try:
-                yield
-                if self._refusals:
+                raise RuntimeError(f"plugin scope for {self._scope.provenance} is still open")
+            if provenance.plugin in self._committed_plugins:
+                raise RegistrationError(
+                    f"plugin {provenance.plugin!r} already registered its implementations; a "
+                    "plugin registers once, when it loads"
+                )
+            alive = frozenset(t.ident for t in threading.enumerate() if t.ident is not None)
+            scope = _Scope(provenance, threading.get_ident(), alive)
+            self._scope = scope
+        try:
+            yield
+            with self._lock:
+                if self._scope is not scope:
+                    raise RegistrationError(
+                        f"the registration scope of {provenance} was closed before its hook "
+                        "returned (it did not return in time); nothing of it is kept"
+                    )
+                if scope.refusals:
                     # The plugin caught our error and carried on: still all or nothing.
-                    raise RegistrationError("; ".join(self._refusals))
-                self._commit(self._staged)
-                for gap in self._staged_no_kernel:
+                    raise RegistrationError("; ".join(scope.refusals))
+                self._commit(scope.staged)
+                self._committed_plugins.add(provenance.plugin)
+                for gap in scope.staged_no_kernel:
                     self._no_kernel[gap.op_name].append(gap)
-            finally:
-                self._scope, self._staged, self._refusals = None, [], []
-                self._staged_no_kernel = []
+        finally:
+            with self._lock:
+                if self._scope is scope:
+                    self._scope = None
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _caller_scope(self, action: str) -> _Scope | None:
+        """The scope the calling thread registers in (``None``: a direct registration).
+
+        Raises :class:`RegistrationError` when the caller may not register now; the refusal
+        also fails the open scope's plugin when the caller is a thread that plugin started.
+        """
+        scope = self._scope
+        me = threading.get_ident()
+        if scope is not None and scope.thread == me:
+            return scope
+        if scope is None and self._state is RegistryState.OPEN:
+            return None
+        who = threading.current_thread().name
+        if self._state is RegistryState.SEALED:
+            problem = (
+                f"thread {who!r} {action} after sglang-fl finished loading plugins: the "
+                "registry is sealed; plugins register only from their sglang_fl_register_ops "
+                "hook, while it runs"
+            )
+        elif scope is None:
+            problem = (
+                f"thread {who!r} {action} outside any plugin's sglang_fl_register_ops hook "
+                "while sglang-fl loads plugins; only the hook that is running may register"
+            )
+        else:
+            problem = (
+                f"thread {who!r} {action} while plugin {scope.provenance.plugin!r} loads, but "
+                "only the thread running its sglang_fl_register_ops hook may register (register "
+                "from the hook itself, not from a thread it starts)"
+            )
+            if me not in scope.threads_before:  # started during the scope: by this plugin
+                scope.refusals.append(problem)
+        raise RegistrationError(problem)
 
     def _commit(self, impls: list[OpImpl]) -> None:
         for impl in impls:
@@ -146,7 +275,7 @@ class OpRegistry:
             self._impls[impl.op_name].append(impl)
             self._owners.setdefault(impl.impl_id, impl.provenance)
 
-    def _validate(self, impl: object, provenance: Provenance) -> None:
+    def _validate(self, impl: object, provenance: Provenance, scope: _Scope | None) -> None:
         """Plugins are not type-checked: anything may arrive here, and is named if refused."""
         who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
         if not isinstance(impl, OpImpl):
@@ -193,7 +322,8 @@ class OpRegistry:
                 f"impl_id {impl.impl_id!r} registered by {who} is already owned by plugin "
                 f"{owner.plugin!r} ({owner.distribution})"
             )
-        for existing in (*self._impls[impl.op_name], *self._staged):
+        staged = () if scope is None else scope.staged
+        for existing in (*self._impls[impl.op_name], *staged):
             if existing.impl_id == impl.impl_id and existing.op_name == impl.op_name:
                 raise RegistrationError(
                     f"{who} registered {impl.impl_id!r} for op {impl.op_name!r} twice"

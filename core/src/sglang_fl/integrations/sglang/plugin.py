@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..._forksafe import reset_locks_in_child
 from ...dispatch.resolve import Resolution
 from ...errors import NoImplementationError
 from ...runtime import Runtime, get_runtime
@@ -64,6 +65,10 @@ class Router:
         self._plans: dict[type, _Plan] = {}
         # (event, layer class, reason) already reported: refusals and handoffs, once each.
         self._reported: set[tuple[ReportEvent, type, str]] = set()
+        self._lock = threading.RLock()
+        reset_locks_in_child(self)
+
+    def _reset_locks_after_fork(self) -> None:
         self._lock = threading.RLock()
 
     # --- the hook -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..._forksafe import reset_locks_in_child
 from ..._strenum import StrEnum
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
@@ -67,6 +68,7 @@ class DispatchReport:
     def __init__(self, log_path: Path | None) -> None:
         self.log_path = log_path
         self._lock = threading.Lock()
+        reset_locks_in_child(self)  # a thread emitting at fork time must not hang the child
 
     def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""
@@ -112,6 +114,9 @@ class DispatchReport:
         if self.log_path is not None:
             self._append(self.log_path, record)
         return record
+
+    def _reset_locks_after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
