@@ -12,7 +12,6 @@ import torch
 
 import sglang_fl
 from sglang_fl import runtime as runtime_module
-from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
 from sglang_fl.ops import STANDARD_OPS
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")

@@ -39,7 +39,7 @@ def describe_exception(exc: BaseException) -> str:
     name = type(exc).__name__
     try:
         text = str(exc)
-    except BaseException as broken:  # noqa: BLE001 - a plugin's __str__ may raise anything
+    except BaseException as broken:
         if isinstance(broken, KeyboardInterrupt):
             raise
         text = f"<str() of the exception raised {type(broken).__name__}>"
@@ -77,7 +77,7 @@ def call_plugin_code(fn: Callable[[], T], *, what: str, timeout: float) -> Plugi
         _plugin_code.what = what
         try:
             value = fn()
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit: still a failure
+        except BaseException as exc:
             outcome.append(PluginCall(error=exc, details=traceback.format_exc()))
         else:
             outcome.append(PluginCall(value=value))

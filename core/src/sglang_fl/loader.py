@@ -254,7 +254,7 @@ def _load_entry_point(
         return _import_and_register(ep, settings, registry, pm, record, key)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit: still its failure
+    except BaseException as exc:
         if pm.has_plugin(ep.name):
             pm.unregister(name=ep.name)
         return _failed(

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import pluggy
 
+from ._forksafe import reset_locks_in_child
 from .config import Settings
 from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
-from ._forksafe import reset_locks_in_child
 from .errors import PluginLoadError, SglangFlError
 from .guard import call_plugin_code, describe_exception, in_plugin_code
 from .loader import (

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .._strenum import StrEnum
-
 from ..errors import RegistrationError, UnknownOpError
 from ..ops import STANDARD_OPS, unknown_op_message
 from .types import BackendImplKind, OpImpl, Provenance
