@@ -174,8 +174,8 @@ def get_runtime() -> Runtime:
     if running is not None or loading_in_this_thread():
         caller = running or "a plugin's import"
         raise PluginLoadError(
-            f"get_runtime() was called from {caller} while sglang-fl loads its plugins; the "
-            "runtime exists only once loading finished (a hook gets what it needs as arguments)"
+            f"get_runtime() was called from {caller} before the runtime finished loading; "
+            "plugin code cannot load it (a hook gets what it needs as arguments)"
         )
     if _forked_mid_load is not None:
         raise PluginLoadError(_forked_mid_load)
