@@ -28,8 +28,12 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     SGLang plugin hook, or a CLI command), after the built-in reference backend registered. Call
     ``registry.register(OpImpl(...))`` or ``registry.register_many([...])``. Availability is
     not decided here: attach a probe instead (``fn._is_available``) so no SDK is imported at
-    load time. If this hook raises, or any registration is refused, none of this plugin's
-    registrations are kept and the plugin is reported as failed. Returns nothing.
+    load time. If this hook raises, does not return within ``SGLANG_FL_PLUGIN_TIMEOUT``
+    seconds, or any registration is refused, none of this plugin's registrations are kept and
+    the plugin is reported as failed. Register from this function's own thread, while it runs:
+    the registry refuses other threads and, once loading ended, everyone. Do not call
+    ``sglang_fl.get_runtime()`` here (it raises: the runtime is what is being loaded).
+    Returns nothing.
     """
 
 

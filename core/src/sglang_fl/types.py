@@ -20,7 +20,9 @@ Registering kernels
     :class:`OpRegistry`
         What the ``sglang_fl_register_ops(registry)`` hook receives. ``register(impl)`` and
         ``register_many(impls)`` refuse, with a message saying why, an op without a contract,
-        a signature the bridges cannot call, or an ``impl_id`` owned by another distribution.
+        a signature the bridges cannot call, an ``impl_id`` owned by another distribution, or a
+        call from another thread than the hook's or after loading ended (the registry is then
+        sealed).
     :data:`hookimpl`
         The pluggy marker for a plugin's hook functions (``sglang_fl_register_ops``,
         ``sglang_fl_platform``; see :mod:`sglang_fl.hookspecs`).
