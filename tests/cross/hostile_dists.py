@@ -132,6 +132,9 @@ HOOKS = Distribution(
         "runtime_at_import": "hostile_hooks.runtime_at_import",
         "runtime_in_thread": "hostile_hooks.runtime_in_thread",
         "sleeper": "hostile_hooks.sleeper",
+        "import_sleeper": "hostile_hooks.import_sleeper",
+        "import_joins_runtime": "hostile_hooks.import_joins_runtime",
+        "reset_in_hook": "hostile_hooks.reset_in_hook",
     },
     {
         "hostile_hooks/__init__.py": "",
@@ -226,6 +229,43 @@ def sglang_fl_register_ops(registry):
     worker.start()
     worker.join()
 """,
+        "hostile_hooks/import_sleeper.py": """
+import time
+
+from sglang_fl.types import hookimpl
+
+time.sleep(HOLD_S)
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    pass
+""",
+        # The import waits for a thread that waits for the runtime being loaded.
+        "hostile_hooks/import_joins_runtime.py": """
+import threading
+
+import sglang_fl
+from sglang_fl.types import hookimpl
+
+_worker = threading.Thread(target=sglang_fl.get_runtime)
+_worker.start()
+_worker.join()
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    pass
+""",
+        "hostile_hooks/reset_in_hook.py": """
+from sglang_fl import runtime
+from sglang_fl.types import hookimpl
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    runtime.reset_runtime()
+""",
         "hostile_hooks/sleeper.py": """
 import time
 
@@ -246,7 +286,7 @@ import sys
 import time
 
 import sglang_fl
-from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
+from sglang_fl.types import Availability, BackendImplKind, OpImpl, hookimpl
 
 
 class Unprintable(Exception):
@@ -284,6 +324,17 @@ def blocks():
     return True
 
 
+class Shifty(Availability):
+    def __getattribute__(self, name):
+        if name == "available":
+            raise RuntimeError("no answer for you")
+        return super().__getattribute__(name)
+
+
+def shifty():
+    return Shifty(True, "maybe")
+
+
 PROBES = {
     "resolves": resolves,
     "badstr": badstr,
@@ -291,6 +342,7 @@ PROBES = {
     "genexit": genexit,
     "odd_answer": odd_answer,
     "blocks": blocks,
+    "shifty": shifty,
 }
 
 
@@ -309,7 +361,7 @@ PROBES = Distribution(
     "sglang-fl-hostile-probes", "0.1.0", {"probed": "hostile_probes"},
     {"hostile_probes/__init__.py": _PROBED},
 )  # fmt: skip
-PROBE_IDS = ("resolves", "badstr", "exits", "genexit", "odd_answer", "blocks")
+PROBE_IDS = ("resolves", "badstr", "exits", "genexit", "odd_answer", "blocks", "shifty")
 
 # -- group 3: registrations outside the plugin's own load ----------------------------------------
 
@@ -462,4 +514,50 @@ def sglang_fl_register_ops(registry):
 SLOW_IMPORT = Distribution(
     "sglang-fl-slowimport", "0.1.0", {"slowimport": "slowimport_plugin"},
     {"slowimport_plugin/__init__.py": _SLOW_IMPORT},
+)  # fmt: skip
+
+# A plugin whose import forks a child that uses sglang-fl, in the middle of the parent's load:
+# the child must get a clear error (twice: in the forking thread, and in a fresh thread), never
+# hang on the parent's locks. The child writes what it got to $FORKER_REPORT as JSON.
+_FORKER = """
+import json
+import os
+import threading
+import time
+
+import sglang_fl
+from sglang_fl.guard import describe_exception
+from sglang_fl.types import hookimpl
+
+
+def outcome():
+    try:
+        sglang_fl.get_runtime()
+    except Exception as exc:
+        return describe_exception(exc)
+    return "loaded"
+
+
+pid = os.fork()
+if pid == 0:
+    report = {"forking_thread": outcome()}
+    fresh = threading.Thread(target=lambda: report.update(fresh_thread=outcome()))
+    fresh.start()
+    fresh.join(30)
+    with open(os.environ["FORKER_REPORT"], "w") as handle:
+        json.dump(report, handle)
+    os._exit(0)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+    time.sleep(0.02)
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    pass
+"""
+
+FORKER = Distribution(
+    "sglang-fl-forker", "0.1.0", {"forker": "forker_plugin"},
+    {"forker_plugin/__init__.py": _FORKER},
 )  # fmt: skip

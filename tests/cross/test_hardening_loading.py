@@ -4,7 +4,8 @@ Issue 12, groups 1 (imports and hooks), 2 (availability probes), 3 (registration
 plugin's own load) and 6 (fork). The distributions are in ``hostile_dists.py``; they are built
 into wheels once per module and installed with ``pip --target`` into two sites put on
 ``PYTHONPATH`` of fresh interpreters: ``hostile`` (every attack, next to a well-behaved vendor)
-and ``fork`` (a plugin whose import takes a while). Every subprocess has a hard timeout, so a
+``fork`` (a plugin whose import takes a while) and ``forker`` (a plugin whose import forks).
+Every subprocess has a hard timeout, so a
 hang fails the test instead of stalling the run; hooks and probes that never answer are
 abandoned after ``SGLANG_FL_PLUGIN_TIMEOUT`` (2 s here).
 """
@@ -18,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hostile_dists import GOODCHIP, HOOKS, PROBE_IDS, PROBES, REGISTRARS, SLOW_IMPORT
+from hostile_dists import FORKER, GOODCHIP, HOOKS, PROBE_IDS, PROBES, REGISTRARS, SLOW_IMPORT
 from test_vendor_wheels import build_wheels, environment, pip_install
 
 TIMEOUT_S = "2"  # SGLANG_FL_PLUGIN_TIMEOUT of every run here
@@ -26,6 +27,7 @@ RUN_LIMIT_S = 120  # a subprocess still running after this is a hang: the test f
 SITES = {
     "hostile": (GOODCHIP, HOOKS, PROBES, REGISTRARS),
     "fork": (GOODCHIP, SLOW_IMPORT),
+    "forker": (GOODCHIP, FORKER),
 }
 
 
@@ -154,7 +156,7 @@ FAILED = {
         "'hostile_hooks.dup' is already loaded as plugin 'dup_a': one module can be one plugin only"
     ),
     "lazy_seed": (
-        "loading 'hostile_hooks.lazy_seed' failed: ModuleNotFoundError: No module named "
+        "import of 'hostile_hooks.lazy_seed' failed: ModuleNotFoundError: No module named "
         "'hostile_missing_sdk'"
     ),
     "genexit_hook": "sglang_fl_register_ops raised GeneratorExit",
@@ -174,14 +176,26 @@ FAILED = {
     ),
     "runtime_at_import": (
         "import of 'hostile_hooks.runtime_at_import' failed: PluginLoadError: get_runtime() was "
-        "called from a plugin's import before the runtime finished loading"
+        "called from the import of plugin 'runtime_at_import' before the runtime finished "
+        "loading"
     ),
     "runtime_in_thread": "sglang_fl_register_ops did not return within 2 s",
     "sleeper": "sglang_fl_register_ops did not return within 2 s",
+    "import_sleeper": (
+        "import of 'hostile_hooks.import_sleeper' did not finish within 2 s "
+        "(SGLANG_FL_PLUGIN_TIMEOUT); abandoned"
+    ),
+    "import_joins_runtime": (
+        "import of 'hostile_hooks.import_joins_runtime' did not finish within 2 s"
+    ),
+    "reset_in_hook": (
+        "sglang_fl_register_ops raised PluginLoadError: reset_runtime() was called from "
+        "sglang_fl_register_ops of plugin 'reset_in_hook'; plugin code cannot load or reset"
+    ),
     "aa_latecomer": "sglang_fl_register_ops raised RuntimeError: aa_latecomer fails on purpose",
     "nested_scope": (
         "sglang_fl_register_ops raised RegistrationError: cannot open a registration scope for "
-        "reference (sglang-fl 0.1.0): while sglang-fl loads plugins only its loader opens scopes"
+        "reference (sglang-fl 0.1.0): while sglang-fl loads plugins only its loader may"
     ),
 }
 LOADED = ("goodchip", "dup_a", "lazy_sdk", "probed", "forger", "zz_innocent")
@@ -216,6 +230,7 @@ PROBE_REASONS = {
     "odd_answer": (
         "availability probe returned <Unrepresentable whose repr() raised RuntimeError>, not a bool"
     ),
+    "shifty": "availability probe raised RuntimeError: no answer for you",
     "blocks": (
         "availability probe did not answer within 2 s (SGLANG_FL_PLUGIN_TIMEOUT); "
         "treated as unavailable"
@@ -267,7 +282,7 @@ def test_a_failed_plugins_thread_never_registers(api, cli_ops):
     # During the innocent plugin's load, after it, and as a forged scope: each refused.
     assert "registered an implementation while plugin 'zz_innocent' loads" in refusals
     assert "registered an implementation after sglang-fl finished loading" in refusals
-    assert "only its loader opens scopes" in refusals
+    assert "only its loader may (provenance comes from the loader)" in refusals
     assert (
         "cannot open a registration scope for reference (sglang-fl 0.1.0): the registry is sealed"
         in refusals
@@ -376,9 +391,22 @@ def test_fork_during_a_load_waits_for_it(sites, tmp_path):
     }
 
 
-def test_fork_during_a_load_longer_than_the_wait_is_a_clear_error(sites, tmp_path):
-    child, _ = fork_run(sites["fork"], tmp_path, import_s="6")
-    assert child["error"].startswith(
-        "PluginLoadError: this process was forked while another thread of its parent was still "
-        "loading sglang-fl plugins after 2 s (SGLANG_FL_PLUGIN_TIMEOUT)"
+def test_a_child_forked_by_a_plugin_mid_load_gets_a_clear_error(sites, tmp_path):
+    report = tmp_path / "forker.json"
+    result = run(
+        sites["forker"],
+        ["-m", "sglang_fl", "plugins", "--json"],
+        {"FORKER_REPORT": str(report)},
+    )
+    assert result.returncode == 0, result.stderr
+    plugins = {p["name"]: p["status"] for p in json.loads(result.stdout)["plugins"]}
+    assert plugins == {"reference": "loaded", "forker": "loaded", "goodchip": "loaded"}
+    child = json.loads(report.read_text())
+    assert child["forking_thread"].startswith(
+        "PluginLoadError: get_runtime() was called from the import of plugin 'forker' before the "
+        "runtime finished loading"
+    ), child
+    assert child["fresh_thread"].startswith(
+        "PluginLoadError: this process was forked by plugin code while its parent was loading "
+        "sglang-fl plugins"
     ), child

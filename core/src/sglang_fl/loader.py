@@ -47,7 +47,9 @@ ENTRY_POINT_GROUP = "sglang_fl.backends"
 CORE_DISTRIBUTION = "sglang-fl"
 
 _log = logging.getLogger(__name__)
-_loading_threads: set[int] = set()  # threads inside load_plugins (importing plugins) right now
+# Threads inside load_plugins right now, under a condition os.fork() waits on (see runtime).
+_loads = threading.Condition()
+_loading_threads: set[int] = set()
 
 
 class PluginStatus(StrEnum):
@@ -158,11 +160,35 @@ def loading_in_this_thread() -> bool:
 @contextmanager
 def _loading_thread() -> Iterator[None]:
     me = threading.get_ident()
-    _loading_threads.add(me)
+    with _loads:
+        _loading_threads.add(me)
     try:
         yield
     finally:
-        _loading_threads.discard(me)
+        with _loads:
+            _loading_threads.discard(me)
+            _loads.notify_all()
+
+
+def hold_loads_for_fork() -> None:
+    """Before a fork: wait until no other thread loads plugins, and let none start until
+    :func:`release_loads_after_fork` (each load is bounded: its imports and hooks are)."""
+    me = threading.get_ident()
+    _loads.acquire()
+    _loads.wait_for(lambda: not _loading_threads - {me})
+
+
+def release_loads_after_fork() -> None:
+    _loads.release()
+
+
+def reset_loads_in_child(held: bool) -> bool:
+    """In a forked child: fresh lock; whether a load of another (now gone) thread was cut off."""
+    global _loads
+    cut_off = bool(_loading_threads - {threading.get_ident()})
+    _loading_threads.intersection_update({threading.get_ident()})
+    _loads = threading.Condition()
+    return cut_off and not held
 
 
 @contextmanager
@@ -175,7 +201,7 @@ def _loading(registry: OpRegistry) -> Iterator[object]:
     try:
         yield key
     finally:
-        registry.seal()
+        registry.seal(key)
 
 
 def _discover() -> tuple[list[EntryPoint], list[PluginRecord]]:
@@ -232,12 +258,12 @@ def _load_entry_point(
     seen: dict[str, PluginRecord],
     key: object,
 ) -> PluginRecord:
-    dist = getattr(ep, "dist", None)
+    distribution, version = _distribution_of(ep)
     record = PluginRecord(
         name=ep.name,
         module=ep.value,
-        distribution=dist.metadata["Name"] if dist is not None else None,
-        version=dist.version if dist is not None else None,
+        distribution=distribution,
+        version=version,
         status=PluginStatus.LOADED,  # unless a step below fails or the settings block it
     )
     if ep.name == reference_backend.PLUGIN_NAME or ep.name in seen:
@@ -259,7 +285,7 @@ def _load_entry_point(
             pm.unregister(name=ep.name)
         return _failed(
             record,
-            f"loading {ep.value!r} failed: {describe_exception(exc)}",
+            f"registering {ep.value!r} failed: {describe_exception(exc)}",
             traceback.format_exc(),
         )
 
@@ -272,25 +298,34 @@ def _import_and_register(
     record: PluginRecord,
     key: object,
 ) -> PluginRecord:
-    """Import the plugin, check its hooks and run its registration hook (bounded in time)."""
-    try:
-        loaded = ep.load()
-    except (Exception, SystemExit, GeneratorExit) as exc:  # sys.exit() must not end the host
+    """Import the plugin, check its hooks and run its registration hook.
+
+    The import and the hook are plugin code: each runs in a worker thread waited for at most
+    ``SGLANG_FL_PLUGIN_TIMEOUT`` seconds (:func:`~sglang_fl.guard.call_plugin_code`).
+    """
+    timeout = settings.plugin_timeout
+    imported = call_plugin_code(
+        lambda: _import_plugin(ep, pm), what=f"the import of plugin {ep.name!r}", timeout=timeout
+    )
+    if imported.timed_out:
         return _failed(
             record,
-            f"import of {ep.value!r} failed: {describe_exception(exc)}",
-            traceback.format_exc(),
+            f"import of {ep.value!r} did not finish within {timeout:g} s "
+            "(SGLANG_FL_PLUGIN_TIMEOUT); abandoned",
         )
-    plugin: object = loaded
-    if not _has_hookimpls(pm, loaded):
-        if callable(getattr(loaded, "register_builtins", None)):
-            plugin = _SeedAdapter(loaded)
-        else:
-            return _failed(
-                record,
-                f"{ep.value!r} defines no @sglang_fl.hookimpl functions and no "
-                "register_builtins(registry)",
-            )
+    if imported.error is not None:  # sys.exit(), GeneratorExit, ...: its failure, not the host's
+        return _failed(
+            record,
+            f"import of {ep.value!r} failed: {describe_exception(imported.error)}",
+            imported.details,
+        )
+    plugin = imported.value
+    if plugin is None:
+        return _failed(
+            record,
+            f"{ep.value!r} defines no @sglang_fl.hookimpl functions and no "
+            "register_builtins(registry)",
+        )
     if pm.is_registered(plugin):  # two entry points naming one module
         return _failed(
             record,
@@ -318,14 +353,13 @@ def _import_and_register(
         return _failed(record, f"unknown hook(s) {', '.join(unknown)}; known hooks: {known}")
 
     provenance = Provenance(ep.name, record.distribution or "<unknown>", record.version or "")
-    timeout = settings.plugin_timeout
     outcome = call_plugin_code(
         lambda: _call_register_ops(pm, plugin, registry, provenance, key),
         what=f"sglang_fl_register_ops of plugin {ep.name!r}",
         timeout=timeout,
     )
     if outcome.timed_out:
-        registry.abandon_scope(provenance)  # whatever it registers later is refused
+        registry.abandon_scope(provenance, key)  # whatever it registers later is refused
         pm.unregister(plugin)
         return _failed(
             record,
@@ -341,6 +375,34 @@ def _import_and_register(
         )
     record.hooks = _hook_names(pm, plugin)
     return record
+
+
+def _import_plugin(ep: EntryPoint, pm: pluggy.PluginManager) -> object | None:
+    """The entry point's hook plugin (a seed module adapted), or ``None`` if it has no hooks.
+
+    Plugin code runs here (the module's import, a PEP 562 ``__getattr__``), so the loader
+    calls it through :func:`~sglang_fl.guard.call_plugin_code`.
+    """
+    loaded = ep.load()
+    if _has_hookimpls(pm, loaded):
+        return loaded
+    if callable(getattr(loaded, "register_builtins", None)):
+        return _SeedAdapter(loaded)
+    return None
+
+
+def _distribution_of(ep: EntryPoint) -> tuple[str | None, str | None]:
+    """The entry point's distribution name and version; ``None`` where its metadata lacks them."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    try:
+        name, version = dist.metadata["Name"], dist.version
+    except Exception:  # unreadable METADATA: the plugin is still reported, under its name
+        return None, None
+    return (name if isinstance(name, str) else None), (
+        version if isinstance(version, str) else None
+    )
 
 
 def _blocked_reason(name: str, settings: Settings) -> str | None:

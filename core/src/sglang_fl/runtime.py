@@ -1,11 +1,12 @@
 """The process-wide runtime: settings, plugins and registry loaded once, resolutions cached.
 
 Thread-safe (one lock; concurrent first calls get one runtime and one answer per op). Fork:
-``os.fork()`` waits (up to ``SGLANG_FL_PLUGIN_TIMEOUT``) for a plugin load or availability
-probe another thread is running, so the child never inherits a half-done import; the child
-inherits the loaded runtime with fresh locks and never registers twice. A child forked while a
-load was still running after that wait gets a clear error from :func:`get_runtime` instead of
-hanging on an import lock. SGLang's spawned workers are new interpreters and load their own.
+``os.fork()`` waits for a plugin load or availability probe another thread is running (both
+are bounded: every plugin import, hook and probe is waited for at most
+``SGLANG_FL_PLUGIN_TIMEOUT``), so the child never inherits a half-done import; it inherits the
+loaded runtime with fresh locks and never registers twice. A child forked by plugin code in the
+middle of a load gets a clear error from :func:`get_runtime` instead of hanging on an import
+lock. SGLang's spawned workers are new interpreters and load their own.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from .guard import call_plugin_code, describe_exception, in_plugin_code
 from .loader import (
     PluginRecord,
     call_plugin_hook,
+    hold_loads_for_fork,
     load_plugins,
     loading_in_this_thread,
     new_plugin_manager,
+    release_loads_after_fork,
+    reset_loads_in_child,
 )
 from .ops import STANDARD_OPS
 
@@ -155,10 +159,8 @@ class Runtime:
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
-# Set in a child forked while another thread was still loading plugins: why it cannot load.
+# Set in a child forked (by plugin code) in the middle of a load: why it cannot load.
 _forked_mid_load: str | None = None
-# How long os.fork() waits for a load in progress (the settings being loaded say).
-_fork_wait_s = 60.0
 
 
 def get_runtime() -> Runtime:
@@ -170,68 +172,74 @@ def get_runtime() -> Runtime:
     runtime = _runtime
     if runtime is not None:
         return runtime
-    running = in_plugin_code()
-    if running is not None or loading_in_this_thread():
-        caller = running or "a plugin's import"
-        raise PluginLoadError(
-            f"get_runtime() was called from {caller} before the runtime finished loading; "
-            "plugin code cannot load it (a hook gets what it needs as arguments)"
-        )
+    _refuse_plugin_code("get_runtime()", "before the runtime finished loading")
     if _forked_mid_load is not None:
         raise PluginLoadError(_forked_mid_load)
     return _load_runtime()
 
 
+def _refuse_plugin_code(call: str, when: str) -> None:
+    """Plugin code (an import, hook or probe) cannot load or reset the runtime: it would wait
+    for the very load that is running it."""
+    running = in_plugin_code()
+    if running is not None or loading_in_this_thread():
+        where = f"{running or 'a plugin module'} {when}".rstrip()
+        raise PluginLoadError(
+            f"{call} was called from {where}; plugin code cannot load or reset the runtime "
+            "(a hook gets what it needs as arguments)"
+        )
+
+
 def _load_runtime() -> Runtime:
-    global _runtime, _fork_wait_s
+    global _runtime
     with _runtime_lock:
         if _runtime is None:
-            settings = Settings.from_environment()
-            _fork_wait_s = settings.plugin_timeout
-            _runtime = Runtime(settings)
+            _runtime = Runtime(Settings.from_environment())
         return _runtime
 
 
 def reset_runtime() -> None:
     """Forget the runtime so the next :func:`get_runtime` reloads (tests and the CLI only)."""
     global _runtime
+    _refuse_plugin_code("reset_runtime()", "")
     with _runtime_lock:
         _runtime = None
 
 
-_fork_holds_lock = False
+_fork_waited = False  # whether this fork waited for other threads' loads and probes
 
 
 def _before_fork() -> None:
-    """Wait for another thread's plugin load, so the child inherits no half-done import."""
-    global _fork_holds_lock
+    """Wait for other threads' plugin loads and probes (each bounded by the plugin timeout),
+    so the child inherits no half-done import."""
+    global _fork_waited
     if in_plugin_code() is not None or loading_in_this_thread():
         return  # the load in progress is this thread's own: waiting would wait for ourselves
-    _fork_holds_lock = _runtime_lock.acquire(timeout=_fork_wait_s)
+    hold_loads_for_fork()
+    _fork_waited = True
     if _runtime is not None:
-        _runtime._availability.wait_for_probe_before_fork(_fork_wait_s)
+        _runtime._availability.wait_for_probe_before_fork()
 
 
 def _after_fork_in_parent() -> None:
-    global _fork_holds_lock
-    if _runtime is not None:
-        _runtime._availability.release_after_fork()
-    if _fork_holds_lock:
-        _fork_holds_lock = False
-        _runtime_lock.release()
+    global _fork_waited
+    if _fork_waited:
+        _fork_waited = False
+        if _runtime is not None:
+            _runtime._availability.release_after_fork()
+        release_loads_after_fork()
 
 
 def _after_fork_in_child() -> None:
-    global _runtime_lock, _fork_holds_lock, _forked_mid_load
-    loading_elsewhere = _runtime_lock.locked() and not _fork_holds_lock
-    _fork_holds_lock = False
+    global _runtime_lock, _fork_waited, _forked_mid_load
+    cut_off = reset_loads_in_child(held=_fork_waited)
+    _fork_waited = False
     _runtime_lock = threading.Lock()
-    if loading_elsewhere and _runtime is None:
+    if cut_off and _runtime is None:
         _forked_mid_load = (
-            f"this process was forked while another thread of its parent was still loading "
-            f"sglang-fl plugins after {_fork_wait_s:g} s (SGLANG_FL_PLUGIN_TIMEOUT); its "
-            "imports may be half done here. Load before forking (sglang_fl.get_runtime()) or "
-            "start workers with the 'spawn' method"
+            "this process was forked by plugin code while its parent was loading sglang-fl "
+            "plugins; their imports may be half done here. Fork after loading "
+            "(sglang_fl.get_runtime() first) or start workers with the 'spawn' method"
         )
 
 

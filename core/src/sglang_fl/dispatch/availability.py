@@ -25,21 +25,29 @@ class AvailabilityCache:
         self._fork_holds_lock = False
 
     def check(self, impl: OpImpl) -> Availability:
-        probe = impl.availability_probe
+        try:  # reads the plugin's fn (``fn._is_available``): a raising __getattr__ is its bug
+            probe = impl.availability_probe
+        except Exception as exc:
+            return Availability(False, f"looking up its probe raised {describe_exception(exc)}")
         if probe is None:
             return Availability(True, "no availability probe: always available")
         with self._lock:
             key = _key(probe)
-            cached = self._results.get(key)
+            try:
+                cached = self._results.get(key)
+            except Exception:  # a probe whose __eq__ raises on a hash collision
+                key = ("probe", id(probe))
+                cached = self._results.get(key)
             if cached is None:
                 cached = self._results[key] = _run(probe, impl, self.timeout)
             return cached
 
     # -- fork (see sglang_fl.runtime) ---------------------------------------------------------
 
-    def wait_for_probe_before_fork(self, timeout: float) -> None:
-        """Let a probe another thread runs finish, so the child inherits no half-done import."""
-        self._fork_holds_lock = self._lock.acquire(timeout=timeout)
+    def wait_for_probe_before_fork(self) -> None:
+        """Let a probe another thread runs answer (or time out), so the child inherits no
+        half-done import."""
+        self._fork_holds_lock = self._lock.acquire()
 
     def release_after_fork(self) -> None:
         if self._fork_holds_lock:
@@ -62,7 +70,9 @@ def _key(probe: Callable[[], object]) -> object:
 
 def _run(probe: Callable[[], object], impl: OpImpl, timeout: float) -> Availability:
     outcome = call_plugin_code(
-        probe, what=f"the availability probe of {impl.impl_id!r}", timeout=timeout
+        lambda: _answer(probe, impl),
+        what=f"the availability probe of {impl.impl_id!r}",
+        timeout=timeout,
     )
     if outcome.timed_out:
         reason = (
@@ -80,9 +90,19 @@ def _run(probe: Callable[[], object], impl: OpImpl, timeout: float) -> Availabil
             error,
         )
         return Availability(False, f"availability probe raised {error}")
-    result = outcome.value
+    assert outcome.value is not None  # _answer always answers
+    return outcome.value
+
+
+def _answer(probe: Callable[[], object], impl: OpImpl) -> Availability:
+    """The probe's answer as a plain :class:`Availability`, read in the probe's own thread
+    (an ``Availability`` subclass's properties are plugin code too)."""
+    result = probe()
     if isinstance(result, Availability):
-        return result
+        reason: object = result.reason
+        return Availability(
+            bool(result.available), reason if isinstance(reason, str) else safe_repr(reason)
+        )
     if result is True:
         return Availability(True, "probe reported available")
     if result is False:

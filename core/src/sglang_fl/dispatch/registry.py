@@ -164,16 +164,22 @@ class OpRegistry:
             self._loader_key = object()
             return self._loader_key
 
-    def seal(self) -> None:
-        """Loading is over: every later registration, and every later scope, is refused."""
+    def seal(self, loader_key: object | None = None) -> None:
+        """Loading is over: every later registration, and every later scope, is refused.
+
+        While loading, only the loader (``loader_key``) seals: a plugin cannot shut out the
+        plugins loaded after it.
+        """
         with self._lock:
+            self._check_loader(loader_key, "seal the registry")
             self._state = RegistryState.SEALED
             self._scope = None  # a hook abandoned for not returning keeps nothing
             self._loader_key = None
 
-    def abandon_scope(self, provenance: Provenance) -> None:
+    def abandon_scope(self, provenance: Provenance, loader_key: object | None = None) -> None:
         """Close ``provenance``'s scope, keeping nothing: its hook did not return in time."""
         with self._lock:
+            self._check_loader(loader_key, f"abandon the scope of {provenance}")
             if self._scope is not None and self._scope.provenance == provenance:
                 self._scope = None
 
@@ -197,11 +203,11 @@ class OpRegistry:
                     "(plugins register only from their sglang_fl_register_ops hook, while "
                     "sglang-fl loads them)"
                 )
-            if self._state is RegistryState.LOADING and loader_key is not self._loader_key:
-                raise RegistrationError(
-                    f"cannot open a registration scope for {provenance}: while sglang-fl loads "
-                    "plugins only its loader opens scopes (provenance comes from the loader)"
-                )
+            self._check_loader(
+                loader_key,
+                f"open a registration scope for {provenance}",
+                "provenance comes from the loader",
+            )
             if self._scope is not None:
                 raise RuntimeError(f"plugin scope for {self._scope.provenance} is still open")
             if provenance.plugin in self._committed_plugins:
@@ -233,6 +239,14 @@ class OpRegistry:
                     self._scope = None
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _check_loader(self, loader_key: object | None, action: str, why: str = "") -> None:
+        """While loading, ``action`` is the loader's alone: refuse it to anyone without its key."""
+        if self._state is RegistryState.LOADING and loader_key is not self._loader_key:
+            because = f" ({why})" if why else ""
+            raise RegistrationError(
+                f"cannot {action}: while sglang-fl loads plugins only its loader may{because}"
+            )
 
     def _caller_scope(self, action: str) -> _Scope | None:
         """The scope the calling thread registers in (``None``: a direct registration).
