@@ -385,7 +385,8 @@ def _import_plugin(ep: EntryPoint, pm: pluggy.PluginManager) -> object | None:
     """
     loaded = ep.load()
     if _has_hookimpls(pm, loaded):
-        return loaded
+        plugin: object = loaded
+        return plugin
     if callable(getattr(loaded, "register_builtins", None)):
         return _SeedAdapter(loaded)
     return None

@@ -11,6 +11,7 @@ lock. SGLang's spawned workers are new interpreters and load their own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -125,7 +126,7 @@ class Runtime:
         timeout = self.config.plugin_timeout
         for impl in reversed(pm.hook.sglang_fl_platform.get_hookimpls()):
             outcome = call_plugin_code(
-                lambda plugin=impl.plugin: call_plugin_hook(pm, plugin, "sglang_fl_platform"),
+                functools.partial(call_plugin_hook, pm, impl.plugin, "sglang_fl_platform"),
                 what=f"sglang_fl_platform of plugin {impl.plugin_name!r}",
                 timeout=timeout,
             )
