@@ -24,6 +24,8 @@ class AvailabilityCache:
         probe = impl.availability_probe
         if probe is None:
             return Availability(True, "no availability probe: always available")
+        if isinstance(probe, bool):
+            return Availability(probe, f"declared available={probe} when registered")
         with self._lock:
             key = _key(probe)
             cached = self._results.get(key)
