@@ -25,7 +25,11 @@ from sglang_fl.runtime import Runtime
 CUDA = Provenance("cuda", "sglang-fl-cuda", "0.1.0")
 EVIL = Provenance("evil", "sglang-fl-evil", "6.6.6")
 CORE_REFERENCE = Provenance("reference", "sglang-fl", "0.1.0")
-VENDOR, FLAGOS, REFERENCE = BackendImplKind.VENDOR, BackendImplKind.DEFAULT, BackendImplKind.REFERENCE
+VENDOR, FLAGOS, REFERENCE = (
+    BackendImplKind.VENDOR,
+    BackendImplKind.DEFAULT,
+    BackendImplKind.REFERENCE,
+)
 
 
 def silu(obj, x):
@@ -72,7 +76,8 @@ def test_identity_accepts_own_names(candidate, provenance) -> None:
 )
 def test_identity_refuses_other_names(candidate, expected) -> None:
     problem = identity_problem(candidate, EVIL)
-    assert problem is not None and expected in problem
+    assert problem is not None
+    assert expected in problem
     assert problem.startswith("plugin 'evil' (sglang-fl-evil) registered")
 
 
@@ -83,10 +88,14 @@ def test_reference_name_from_another_distribution_is_held_to_the_rule() -> None:
 
 def test_registry_refuses_a_squatter_and_keeps_nothing_of_it() -> None:
     registry = OpRegistry()
-    with pytest.raises(RegistrationError, match="its impl_ids must be 'vendor.evil'"):  # noqa: SIM117
+
+    def squatter() -> None:
         with registry.plugin_scope(EVIL):
             registry.register(impl("vendor.evil", vendor="evil"))
             registry.register(impl("vendor.cuda", vendor="evil"))
+
+    with pytest.raises(RegistrationError, match=r"its impl_ids must be 'vendor\.evil'"):
+        squatter()
     assert registry.implementations("silu_and_mul") == ()
     with registry.plugin_scope(CUDA):
         registry.register(impl("vendor.cuda", vendor="cuda"))
@@ -177,8 +186,9 @@ def test_fallback_chain_is_iterative(caplog) -> None:
         assert resolution.fn(None, 8) == ("ran", 8)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == length  # once per declining candidate, not once per call
-    assert "flagos.chain.00000 declined a call (not this one); handing it to flagos.chain.00001" in (
-        warnings[0]
+    assert (
+        "flagos.chain.00000 declined a call (not this one); handing it to flagos.chain.00001"
+        in (warnings[0])
     )
 
 
@@ -247,7 +257,8 @@ def test_text_commands_escape_plugin_text(plugin_site, capsys, argv) -> None:
     plugin_site.plugin("forger", FORGING_PLUGIN)
     cli.main([*argv])
     out, err = capsys.readouterr()
-    assert "forger: imported" in err and "forger: imported" not in out
+    assert "forger: imported" in err
+    assert "forger: imported" not in out
     assert "forged row" not in "\n".join(line[:12] for line in out.splitlines())
     if argv[0] != "doctor":
         assert "gone\\nforged row \\udcff" in out
@@ -297,7 +308,8 @@ def test_odd_entry_point_name_is_refused_before_import(plugin_site, tmp_path) ->
     plugin_site.add("sglang-fl-odd", {"odd name!": module}, {module: source})
     record = Runtime(settings()).plugin("odd name!")
     assert record.status == "failed"
-    assert record.error is not None and "is not a valid plugin name" in record.error
+    assert record.error is not None
+    assert "is not a valid plugin name" in record.error
     assert not marker.exists()
     assert Runtime(settings(plugins="")).plugin("odd name!").status == "disabled"
 
@@ -356,7 +368,8 @@ def test_dispatch_report_that_breaks_later_is_logged_once_and_off(tmp_path, capl
         report.emit(ReportEvent.PLUGIN, plugins=[])
         report.emit(ReportEvent.PLUGIN, plugins=[])
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and errors[0].startswith(f"SGLANG_FL_DISPATCH_LOG={str(path)!r}")
+    assert len(errors) == 1
+    assert errors[0].startswith(f"SGLANG_FL_DISPATCH_LOG={str(path)!r}")
 
 
 def test_doctor_reports_the_dispatch_log(tmp_path, monkeypatch, capsys) -> None:
@@ -364,4 +377,3 @@ def test_doctor_reports_the_dispatch_log(tmp_path, monkeypatch, capsys) -> None:
     assert cli.main(["doctor", "--json"]) == 1
     problems = json.loads(capsys.readouterr().out)["problems"]
     assert any(p.startswith("SGLANG_FL_DISPATCH_LOG=") and "is a directory" in p for p in problems)
-

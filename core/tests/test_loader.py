@@ -422,7 +422,9 @@ def test_duplicate_entry_point_name_across_distributions(plugin_site):
     failed = next(r for r in records if r.status == "failed")
     assert {loaded.distribution, failed.distribution} == {"sglang-fl-dup-a", "sglang-fl-dup-b"}
     assert failed.error == f"plugin name 'dup' is already taken by {loaded.distribution}"
-    registrants = {i.provenance.distribution for i in runtime.registry.implementations("silu_and_mul")}
+    registrants = {
+        i.provenance.distribution for i in runtime.registry.implementations("silu_and_mul")
+    }
     assert registrants == {"sglang-fl", loaded.distribution}  # only the loaded one registered
 
 

@@ -272,9 +272,7 @@ def test_plugin_that_swallows_a_refusal_is_still_rolled_back(registry):
             registry.register(vendor_impl(op="rms_norm", impl_id="vendor.acme.bad", fn=silu))
         except RegistrationError as exc:  # a careless plugin carries on
             assert "vendor.acme.bad" in str(exc)  # noqa: PT017
-        registry.register(
-            vendor_impl(op="rotary_embedding", impl_id="vendor.acme.ok", fn=silu_rot)
-        )
+        registry.register(vendor_impl(op="rotary_embedding", impl_id="vendor.acme.ok", fn=silu_rot))
 
     with pytest.raises(RegistrationError) as info:
         in_scope(registry, ACME, then=careless_plugin)

@@ -20,6 +20,7 @@ from sglang_fl.dispatch.types import (
     OpImpl,
 )
 
+
 def make_fn(label, calls=None):
     def fn(obj, x):
         if calls is not None:

@@ -345,7 +345,11 @@ def test_impl_id_of_another_plugin_cannot_be_claimed(sites, identity_plugins) ->
     assert kind["status"] == "failed"
     assert "impl_id 'flagos.cuda'" in kind["error"]
     cuda = identity_plugins["cuda"]
-    assert (cuda["status"], cuda["error"], cuda["distribution"]) == ("loaded", None, "sglang-fl-cuda")
+    assert (cuda["status"], cuda["error"], cuda["distribution"]) == (
+        "loaded",
+        None,
+        "sglang-fl-cuda",
+    )
     genuine = candidates(sites["identity"], "rms_norm")["vendor.cuda"]
     assert (genuine["plugin"], genuine["distribution"]) == ("cuda", "sglang-fl-cuda")
 
@@ -366,7 +370,8 @@ def test_declared_unavailable_is_unavailable(sites, identity_plugins) -> None:
     assert gelu["reference.gelu_new"]["outcome"] == "chosen"
     bad = identity_plugins["badavail"]
     assert bad["status"] == "failed"
-    assert "available='no'" in bad["error"] and "expected None, True, False" in bad["error"]
+    assert "available='no'" in bad["error"]
+    assert "expected None, True, False" in bad["error"]
 
 
 # -- group 5: output ----------------------------------------------------------------------------
@@ -381,7 +386,8 @@ def test_plugin_output_never_reaches_json(sites, argv) -> None:
     result = sglang_fl(sites["output"], *argv, "--json")
     data = json.loads(result.stdout)
     assert data["schema_version"] == 1
-    assert "chatty: imported" in result.stderr and "chatty: raw write" in result.stderr
+    assert "chatty: imported" in result.stderr
+    assert "chatty: raw write" in result.stderr
     for chatter in ("chatty: ", "raw write", "{not json"):
         assert chatter not in result.stdout
 
@@ -393,10 +399,14 @@ def test_newlines_cannot_forge_table_rows(sites) -> None:
     # Each forged text stays inside its own row, escaped, never a row of its own.
     assert len(rows) == 2
     assert all("\\nrms_norm  *vendor.forged" in row for row in rows)
-    assert not any(line.startswith("rms_norm  *vendor.forged") for line in result.stdout.splitlines())
+    assert not any(
+        line.startswith("rms_norm  *vendor.forged") for line in result.stdout.splitlines()
+    )
     plugins_text = sglang_fl(sites["output"], "plugins").stdout
     (crlf,) = [line for line in plugins_text.splitlines() if "forged" in line]
-    assert crlf.startswith("crlf ") and "boom\\r\\nforged" in crlf and "\\u2028x" in crlf
+    assert crlf.startswith("crlf ")
+    assert "boom\\r\\nforged" in crlf
+    assert "\\u2028x" in crlf
     explain = sglang_fl(sites["output"], "explain", "rms_norm").stdout
     assert not any(line.startswith("rms_norm  *") for line in explain.splitlines())
 
@@ -422,7 +432,8 @@ def test_closed_pipe_is_no_traceback(sites, argv) -> None:
     assert process.stdout is not None
     process.stdout.close()
     _, stderr = process.communicate(timeout=TIMEOUT)
-    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr.decode()
+    assert b"Traceback" not in stderr, stderr.decode()
+    assert b"BrokenPipeError" not in stderr
     assert process.returncode == 1
 
 
@@ -437,7 +448,8 @@ def test_head_of_large_json_is_no_traceback(sites) -> None:
         check=False,
     )
     assert result.stdout == '{\n  "schem'
-    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "BrokenPipe" not in result.stderr
 
 
 # -- group 7: settings --------------------------------------------------------------------------
@@ -449,7 +461,11 @@ def test_odd_entry_point_names_are_refused_unimported(sites, tmp_path) -> None:
     env = {**environment(sites["names"]), "ODD_MARKERS": str(markers)}
     result = subprocess.run(
         [sys.executable, "-m", "sglang_fl", "plugins", "--json"],
-        capture_output=True, text=True, env=env, timeout=TIMEOUT, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=TIMEOUT,
+        check=False,
     )
     found = {p["name"]: p for p in json.loads(result.stdout)["plugins"]}
     for name in ODD_NAMES:
@@ -460,32 +476,42 @@ def test_odd_entry_point_names_are_refused_unimported(sites, tmp_path) -> None:
     # Under STRICT a refused name is a failure like any other; SGLANG_FL_PLUGINS leaves it out.
     strict = subprocess.run(
         [sys.executable, "-c", "import sglang_fl; sglang_fl.get_runtime()"],
-        capture_output=True, text=True, env={**env, "SGLANG_FL_STRICT": "1"},
-        timeout=TIMEOUT, check=False,
+        capture_output=True,
+        text=True,
+        env={**env, "SGLANG_FL_STRICT": "1"},
+        timeout=TIMEOUT,
+        check=False,
     )
-    assert strict.returncode != 0 and "is not a valid plugin name" in strict.stderr
+    assert strict.returncode != 0
+    assert "is not a valid plugin name" in strict.stderr
     only = plugins(sites["names"], plugins="goodchip", strict="1")
     assert {only[name]["status"] for name in ODD_NAMES} == {"disabled"}
 
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("plugins", "goodchp"), ("disable_plugins", "goodchp"), ("allow_vendors", "goodchp"),
-     ("deny_vendors", "goodchp")],
+    [
+        ("plugins", "goodchp"),
+        ("disable_plugins", "goodchp"),
+        ("allow_vendors", "goodchp"),
+        ("deny_vendors", "goodchp"),
+    ],
 )
 def test_names_matching_nothing_installed_are_warned(sites, setting, value) -> None:
     result = sglang_fl(sites["names"], "doctor", "--json", **{setting: value})
     variable = f"SGLANG_FL_{setting.upper()}"
     expected = f"{variable} (environment {variable}) names 'goodchp', which matches no installed"
-    assert expected in result.stderr and "(did you mean 'goodchip'?)" in result.stderr
+    assert expected in result.stderr
+    assert "(did you mean 'goodchip'?)" in result.stderr
     problems = json.loads(result.stdout)["problems"]
     assert any(p.startswith(expected) for p in problems)
     assert result.returncode == 1
 
 
 def test_installed_names_are_not_warned(sites) -> None:
-    result = sglang_fl(sites["names"], "doctor", "--json", plugins="goodchip",
-                       deny_vendors="goodchip")
+    result = sglang_fl(
+        sites["names"], "doctor", "--json", plugins="goodchip", deny_vendors="goodchip"
+    )
     assert "matches no installed" not in result.stderr
 
 
@@ -499,11 +525,17 @@ def test_unusable_dispatch_log_is_named_by_doctor(sites, tmp_path, where) -> Non
     assert ("is a directory" if where == "directory" else "is not a directory") in problem
     # The SGLang integration's dispatch report refuses it at start-up, naming the variable.
     check = subprocess.run(
-        [sys.executable, "-c",
-         "import sglang_fl\n"
-         "from sglang_fl.integrations.sglang.report import DispatchReport\n"
-         "DispatchReport(sglang_fl.get_runtime().config.dispatch_log)"],
-        capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        [
+            sys.executable,
+            "-c",
+            "import sglang_fl\n"
+            "from sglang_fl.integrations.sglang.report import DispatchReport\n"
+            "DispatchReport(sglang_fl.get_runtime().config.dispatch_log)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
         env=environment(sites["names"], dispatch_log=str(target)),
     )
     assert "sglang_fl.errors.ConfigError: SGLANG_FL_DISPATCH_LOG=" in check.stderr, check.stderr
@@ -529,8 +561,12 @@ def test_a_thousand_declining_implementations_reach_the_reference(sites) -> None
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
-        env=environment(sites["chain"]), check=False,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=environment(sites["chain"]),
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1500", "reference.silu_and_mul", "1000", "reached"]

@@ -27,7 +27,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["ENV_PREFIX", "NAME_HELP", "SETTINGS", "OrderToken", "Settings", "is_valid_name", "unmatched_names"]
+__all__ = [
+    "ENV_PREFIX",
+    "NAME_HELP",
+    "SETTINGS",
+    "OrderToken",
+    "Settings",
+    "is_valid_name",
+    "unmatched_names",
+]
 
 ENV_PREFIX = "SGLANG_FL_"
 _log = logging.getLogger(__name__)

@@ -225,10 +225,11 @@ def _bind_chain(op_name: str, chain: list[OpImpl]) -> Callable[..., Any]:
     if len(chain) == 1:
         return chain[0].fn
     steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-    warned = [False] * len(steps)
+    may_decline, last = steps[:-1], chain[-1].fn
+    warned = [False] * len(may_decline)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        for index, (impl_id, fn) in enumerate(steps[:-1]):
+        for index, (impl_id, fn) in enumerate(may_decline):
             try:
                 return fn(*args, **kwargs)
             except Unsupported as exc:  # the next candidate runs after this block
@@ -241,7 +242,7 @@ def _bind_chain(op_name: str, chain: list[OpImpl]) -> Callable[..., Any]:
                         exc,
                         steps[index + 1][0],
                     )
-        return steps[-1][1](*args, **kwargs)
+        return last(*args, **kwargs)
 
     first, rest = chain[0].impl_id, ", ".join(impl.impl_id for impl in chain[1:])
     call.__name__ = f"{op_name}_via_{first}"

@@ -68,8 +68,9 @@ class OpImpl:
     ``fn`` takes the op's standard arguments (see :mod:`sglang_fl.ops`). If ``fn`` carries an
     ``_is_available`` attribute (the seed layout), or ``available`` is given, that no-argument
     callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
-    process; a plain ``True``/``False`` there is a fixed answer (``False``: never chosen). ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor
-    implementation that gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
+    process; a plain ``True``/``False`` there is a fixed answer (``False``: never chosen).
+    ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor implementation that
+    gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
     in by the loader; a backend never sets it.
     """
 
