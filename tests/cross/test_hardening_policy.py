@@ -8,7 +8,8 @@ The genuine ``sglang-fl-cuda`` wheel is built from ``vendors/cuda`` for the impe
 Identity (``site_identity``): ``flagdeny`` (a ``flagos`` implementation without a vendor),
 ``liar`` (declares ``vendor="cuda"``), ``aaasquat`` (sorts before ``cuda`` and claims
 ``vendor.cuda``), ``kindsquat`` (claims ``flagos.cuda``), ``offline`` (``available=False``,
-``fn._is_available = False``), ``badavail`` (``available="no"``), next to the real ``cuda``.
+``fn._is_available = False``), ``badavail`` (``available="no"``), ``refsquat`` (a
+``reference``-kind ``reference.silu_and_mul``), next to the real ``cuda``.
 
 Output (``site_output``): ``chatty`` (prints and writes to fd 1 at import, in its hook and in its
 probe), ``multiline`` (newlines in its reasons), ``crlf`` (newlines in its import error),
@@ -97,6 +98,19 @@ from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
 def sglang_fl_register_ops(registry):
     registry.register(OpImpl(op_name="silu_and_mul", impl_id="flagos.cuda",
                              kind=BackendImplKind.DEFAULT, fn=silu_and_mul))
+""",
+        "identity",
+    ),
+    "refsquat": (
+        SILU
+        + """
+from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl(op_name="silu_and_mul", impl_id="reference.silu_and_mul",
+                             kind=BackendImplKind.REFERENCE, fn=silu_and_mul))
 """,
         "identity",
     ),
@@ -344,6 +358,11 @@ def test_impl_id_of_another_plugin_cannot_be_claimed(sites, identity_plugins) ->
     kind = identity_plugins["kindsquat"]
     assert kind["status"] == "failed"
     assert "impl_id 'flagos.cuda'" in kind["error"]
+    # Core's reference impl ids are core's: a plugin cannot stand in for the reference.
+    ref = identity_plugins["refsquat"]
+    assert ref["status"] == "failed"
+    assert "impl_id 'reference.silu_and_mul'" in ref["error"]
+    assert "already owned by plugin 'reference' (sglang-fl)" in ref["error"]
     cuda = identity_plugins["cuda"]
     assert (cuda["status"], cuda["error"], cuda["distribution"]) == (
         "loaded",
