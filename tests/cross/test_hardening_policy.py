@@ -153,11 +153,13 @@ def sglang_fl_register_ops(registry):
         SILU
         + """
 import os
+import sys
 
 from sglang_fl.types import Availability, BackendImplKind, OpImpl, hookimpl
 
 print("chatty: imported")
 os.write(1, b"chatty: raw write at import\\n")
+sys.__stdout__.write("chatty: buffered in the original stdout\\n")  # no newline flush: a pipe
 
 
 def probe():
@@ -407,6 +409,7 @@ def test_plugin_output_never_reaches_json(sites, argv) -> None:
     assert data["schema_version"] == 1
     assert "chatty: imported" in result.stderr
     assert "chatty: raw write" in result.stderr
+    assert "chatty: buffered in the original stdout" in result.stderr
     for chatter in ("chatty: ", "raw write", "{not json"):
         assert chatter not in result.stdout
 

@@ -136,7 +136,13 @@ def _command_stdout() -> Iterator[TextIO]:
         yield out
     finally:
         sys.stdout = original
-        sys.stderr.flush()
+        # What a plugin left buffered in a stdout object it kept goes to stderr too.
+        for stream in (original, sys.__stdout__, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):  # closed by the plugin: nothing left to flush
+                pass
         os.dup2(saved, fd)
         try:
             out.close()
