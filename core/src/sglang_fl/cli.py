@@ -320,7 +320,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         problems.append("SGLANG_FL_STRICT=1: SGLang start-up would abort on the failure(s) above")
     dispatch_log = runtime.config.dispatch_log_problem()
     if dispatch_log is not None:
-        problems.append(f"{dispatch_log}: SGLang start-up would abort on it")
+        problems.append(f"{dispatch_log}; sglang-fl's SGLang plugin would not start")
     problems.extend(runtime.setting_warnings)
     for op_name in STANDARD_OPS:
         try:
