@@ -121,7 +121,7 @@ def fallback_chain(op_name: str, fn: Callable[..., Any] | None = None) -> Callab
         registry.register(
             OpImpl(
                 op_name=op_name,
-                impl_id=f"bench.{op_name}",
+                impl_id=f"vendor.bench.{op_name}",
                 kind=BackendImplKind.VENDOR,
                 fn=vendor_fn,
                 vendor="bench",
@@ -131,7 +131,7 @@ def fallback_chain(op_name: str, fn: Callable[..., Any] | None = None) -> Callab
         registry.register(
             OpImpl(
                 op_name=op_name,
-                impl_id=f"reference.{op_name}",
+                impl_id=f"reference.bench.{op_name}",
                 kind=BackendImplKind.REFERENCE,
                 fn=reference,
                 priority=BackendPriority.REFERENCE,

@@ -55,7 +55,7 @@ def rotary_embedding(obj, query, key, cos, sin, position_ids, rotary_interleaved
 
 def register_builtins(registry) -> None:
     registry.register_many(
-        OpImpl(op_name=fn.__name__, impl_id=f"{VENDOR}.{fn.__name__}",
+        OpImpl(op_name=fn.__name__, impl_id=f"vendor.{VENDOR}.{fn.__name__}",
                kind=BackendImplKind.VENDOR, fn=fn, vendor=VENDOR,
                priority=BackendPriority.VENDOR, available=_unavailable)
         for fn in (silu_and_mul, rms_norm, rotary_embedding)

@@ -396,9 +396,13 @@ def test_doctor_json(capsys, plugin_site, only, tmp_path, monkeypatch):
     }
     assert data["plugins"]["loaded"][:2] == ["reference", "acme"]
     assert data["plugins"]["failed"] == ["broken"]
-    assert len(data["problems"]) == 1
+    assert len(data["problems"]) == 2
     assert data["problems"][0].startswith("plugin 'broken' (sglang-fl-broken) failed:")
     assert "firmware" in data["problems"][0]
+    # The config file denies a vendor nothing installed is called.
+    assert data["problems"][1].startswith(
+        f"SGLANG_FL_DENY_VENDORS (config file {config}) names 'evil', which matches no installed"
+    )
 
 
 def test_doctor_text_healthy(capsys, only):

@@ -200,14 +200,17 @@ def test_impl_id_owned_by_another_distribution(registry):
     assert registry.implementations("rms_norm") == ()
 
 
-def test_same_distribution_may_reuse_its_impl_id_across_ops(registry):
+def test_another_plugin_of_the_same_distribution_cannot_take_an_impl_id(registry):
+    """Impl ids follow the entry point, not the distribution (dispatch/identity.py)."""
     with registry.plugin_scope(ACME):
         registry.register(vendor_impl())
     same_dist_other_plugin = Provenance("acme2", "sglang-fl-acme", "1.2.3")
-    with registry.plugin_scope(same_dist_other_plugin):
-        registry.register(vendor_impl(op="rms_norm", fn=rms))
-    assert [i.provenance for i in registry.implementations("rms_norm")] == [same_dist_other_plugin]
-    assert registry.owner("vendor.acme") == ACME
+    message = refusal(
+        registry, vendor_impl(op="rms_norm", fn=rms, vendor="acme2"), same_dist_other_plugin
+    )
+    assert "registered impl_id 'vendor.acme' (vendor)" in message
+    assert "must be 'vendor.acme2' or start with 'vendor.acme2.'" in message
+    assert registry.implementations("rms_norm") == ()
 
 
 def in_scope(registry, provenance, *impls, then=None):
@@ -266,14 +269,14 @@ def test_plugin_that_swallows_a_refusal_is_still_rolled_back(registry):
     def careless_plugin():
         registry.register(vendor_impl())
         try:
-            registry.register(vendor_impl(op="rms_norm", impl_id="vendor.bad", fn=silu))
+            registry.register(vendor_impl(op="rms_norm", impl_id="vendor.acme.bad", fn=silu))
         except RegistrationError as exc:  # a careless plugin carries on
-            assert "vendor.bad" in str(exc)  # noqa: PT017
-        registry.register(vendor_impl(op="rotary_embedding", impl_id="vendor.ok", fn=silu_rot))
+            assert "vendor.acme.bad" in str(exc)  # noqa: PT017
+        registry.register(vendor_impl(op="rotary_embedding", impl_id="vendor.acme.ok", fn=silu_rot))
 
     with pytest.raises(RegistrationError) as info:
         in_scope(registry, ACME, then=careless_plugin)
-    assert "'vendor.bad' for op 'rms_norm'" in str(info.value)
+    assert "'vendor.acme.bad' for op 'rms_norm'" in str(info.value)
     for op in registry.ops():
         assert registry.implementations(op) == ()
     assert registry.owner("vendor.acme") is None

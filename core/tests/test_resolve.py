@@ -18,10 +18,7 @@ from sglang_fl.dispatch.types import (
     BackendImplKind,
     BackendPriority,
     OpImpl,
-    Provenance,
 )
-
-DIST = Provenance("acme", "sglang-fl-acme", "2.0")
 
 
 def make_fn(label, calls=None):
@@ -68,8 +65,9 @@ def standard_impls():
 
 def run(impls, op="silu_and_mul", availability=None, **env):
     registry = OpRegistry()
-    with registry.plugin_scope(DIST):
-        registry.register_many(impls)
+    # Registered directly: these are policy cases, with vendor names and impl ids free of the
+    # plugin identity rule (test_identity covers it).
+    registry.register_many(impls)
     settings = Settings.from_environment({f"SGLANG_FL_{k.upper()}": v for k, v in env.items()})
     return resolve(op, registry, SelectionPolicy(settings), availability or AvailabilityCache())
 
@@ -423,9 +421,9 @@ def test_decision_record_lists_every_candidate_with_reason():
         "kind": "vendor",
         "vendor": "a",
         "priority": 200,
-        "plugin": "acme",
-        "distribution": "sglang-fl-acme",
-        "version": "2.0",
+        "plugin": "<direct>",
+        "distribution": "<none>",
+        "version": "",
         "available": True,
         "availability_reason": "no availability probe: always available",
         "outcome": "chosen",

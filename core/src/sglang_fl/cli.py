@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import io
 import json
+import os
 import platform
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 from . import __version__, scaffold
 from .config import Settings
+from .dispatch.identity import IDENTITY_RULE
 from .dispatch.resolve import CandidateOutcome
 from .errors import NoImplementationError, SglangFlError
 from .hook_report import (
@@ -88,13 +92,80 @@ def _undecided(runtime: Runtime, op_name: str) -> DecisionJson:
 
 
 def _emit(args: argparse.Namespace, payload: Mapping[str, Any], text: Callable[[], str]) -> None:
-    """``payload`` (one of :mod:`sglang_fl.schema`'s payloads) as JSON, or ``text()``."""
-    print(json.dumps(payload, indent=2) if args.json else text())
+    """``payload`` (one of :mod:`sglang_fl.schema`'s payloads) as JSON, or ``text()``, written
+    to the command's own output stream (see :func:`_command_stdout`)."""
+    out: TextIO = args.stdout
+    rendered = json.dumps(payload, indent=2) if args.json else text()
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    # A lone surrogate (or any character the stream cannot encode) is escaped, not fatal.
+    out.write(rendered.encode(encoding, "backslashreplace").decode(encoding) + "\n")
+    out.flush()
+
+
+def printable(value: object) -> str:
+    """``value`` as one line of text: control characters (a plugin's multi-line error, which
+    would forge rows) and lone surrogates escaped as Python writes them (``\\n``, ``\\udc80``)."""
+    text = "" if value is None else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+@contextmanager
+def _command_stdout() -> Iterator[TextIO]:
+    """The stream a command's output goes to; while open, anything else written to standard
+    output (a plugin's ``print()`` at import, a library writing to file descriptor 1) goes to
+    standard error, so ``--json`` output stays one JSON document."""
+    original = sys.stdout
+    try:
+        fd, err_fd = original.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+        sys.stdout = sys.stderr
+        try:
+            yield original
+        finally:
+            sys.stdout = original
+        return
+    original.flush()
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    out = io.TextIOWrapper(io.FileIO(saved, "w"), encoding=original.encoding, errors="strict")
+    os.dup2(err_fd, fd)
+    sys.stdout = sys.stderr
+    try:
+        yield out
+    finally:
+        sys.stdout = original
+        # What a plugin left buffered in a stdout object it kept goes to stderr too.
+        for stream in (original, sys.__stdout__, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):  # closed by the plugin: nothing left to flush
+                pass
+        os.dup2(saved, fd)
+        try:
+            out.close()
+        except BrokenPipeError:
+            _discard(out)
+
+
+def _discard(out: TextIO) -> None:
+    """After a ``BrokenPipeError`` (``sglang-fl ops --json | head -c 10``): send what is left
+    to ``os.devnull``, as the Python docs recommend, so the exit flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, out.fileno())
+    except (OSError, ValueError):
+        pass  # not a real file: nothing is flushed at exit
+    finally:
+        os.close(devnull)
 
 
 def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """Left-aligned columns under a dashed rule; ``None`` cells print empty."""
-    cells = [list(map(str, header)), *[["" if c is None else str(c) for c in r] for r in rows]]
+    """Left-aligned columns under a dashed rule; ``None`` cells print empty; every cell is
+    :func:`printable`, so no value can break a row."""
+    cells = [list(map(printable, header)), *[list(map(printable, r)) for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
@@ -120,6 +191,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             for p in records
         ]
         out = format_table(rows, ("plugin", "distribution", "version", "status", "hooks", "error"))
+        out += f"\n\nidentity: {IDENTITY_RULE}"
         if args.verbose:
             out += "".join(
                 f"\n\n{p.name}: {p.details}" for p in runtime.plugins if p.details is not None
@@ -129,6 +201,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     payload: PluginsPayload = {
         "schema_version": SCHEMA_VERSION,
         "entry_point_group": ENTRY_POINT_GROUP,
+        "identity_rule": IDENTITY_RULE,
         "plugins": records,
     }
     _emit(args, payload, text)
@@ -188,7 +261,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         lines = [f"{report['op']}: {report['signature']}  (SGLang layer {report['sglang_layer']})"]
         if report["error"] is not None:
             lines.append(f"  no implementation: {report['error']}")
-            return "\n".join(lines)
+            return "\n".join(map(printable, lines))
         lines.append(f"  order: {' > '.join(report['order'])}  (from {report['order_source']})")
         for c in report["candidates"]:
             lines.append(
@@ -204,7 +277,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"  no kernel from {gap['plugin']} ({gap['distribution']} {gap['version']}): "
                 f"{gap['reason']}"
             )
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))  # one line each, whatever a plugin wrote
 
     payload: ExplainPayload = {"schema_version": SCHEMA_VERSION, **report}
     _emit(args, payload, text)
@@ -245,6 +318,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     ]
     if problems and runtime.config.strict:
         problems.append("SGLANG_FL_STRICT=1: SGLang start-up would abort on the failure(s) above")
+    dispatch_log = runtime.config.dispatch_log_problem()
+    if dispatch_log is not None:
+        problems.append(f"{dispatch_log}; sglang-fl's SGLang plugin would not start")
+    problems.extend(runtime.setting_warnings)
     for op_name in STANDARD_OPS:
         try:
             runtime.resolve(op_name)
@@ -283,7 +360,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             lines.append(f"plugins {status:9} {', '.join(names) or '-'}")
         lines.append("problems: none" if not problems else "problems:")
         lines.extend(f"  - {p}" for p in problems)
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))  # one line each, whatever a plugin wrote
 
     _emit(args, payload, text)
     return 0 if not problems else 1
@@ -351,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(handler=handler)
+        p.set_defaults(handler=handler, inspects=True)
         return p
 
     plugins = command("plugins", cmd_plugins, "list vendor plugins and how they loaded")
@@ -368,6 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not getattr(args, "inspects", False):  # e.g. new-vendor: no plugin code runs
+        return _run(args)
+    with _command_stdout() as args.stdout:
+        try:
+            return _run(args)
+        except BrokenPipeError:  # the reader went away: not an error of ours
+            _discard(args.stdout)
+            return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
     except SglangFlError as exc:  # bad input; anything else is a bug and keeps its traceback

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["ENV_PREFIX", "SETTINGS", "OrderToken", "Settings"]
+__all__ = [
+    "ENV_PREFIX",
+    "NAME_HELP",
+    "SETTINGS",
+    "OrderToken",
+    "Settings",
+    "is_valid_name",
+    "unmatched_names",
+]
 
 ENV_PREFIX = "SGLANG_FL_"
 _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# What a plugin (entry-point) or vendor name may be: what the name-list settings can spell.
+NAME_HELP = "a letter or digit, then letters, digits, '_', '.' or '-'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 # Where a setting that no file or variable sets comes from (``sglang-fl doctor``, decisions).
@@ -69,9 +79,9 @@ class OrderToken:
         kind, sep, value = token.partition(":")
         if not sep and kind in _KIND_TOKENS:
             return cls(BackendImplKind(kind))
-        if sep and kind == BackendImplKind.VENDOR and value and _NAME.match(value):
+        if sep and kind == BackendImplKind.VENDOR and value and is_valid_name(value):
             return cls(BackendImplKind.VENDOR, value)
-        if sep and kind == IMPL_TOKEN and value and _NAME.match(value):
+        if sep and kind == IMPL_TOKEN and value and is_valid_name(value):
             return cls(IMPL_TOKEN, value)
         raise ConfigError(f"{where}: invalid selection token {token!r}; allowed: {TOKEN_HELP}")
 
@@ -111,16 +121,19 @@ def _parse_trace(raw: Any, where: str) -> bool | Path:
     )
 
 
+def is_valid_name(name: str) -> bool:
+    """Whether ``name`` can be written in the plugin and vendor name lists."""
+    return _NAME.fullmatch(name) is not None
+
+
 def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, (list, tuple)):
         raise ConfigError(f"{where}={raw!r}: expected a comma-separated list of names")
     names = tuple(str(item).strip() for item in items if str(item).strip())
     for name in names:
-        if not _NAME.match(name):
-            raise ConfigError(
-                f"{where}={raw!r}: {name!r} is not a valid name (letters, digits, '_', '.', '-')"
-            )
+        if not is_valid_name(name):
+            raise ConfigError(f"{where}={raw!r}: {name!r} is not a valid name ({NAME_HELP})")
     return names
 
 
@@ -302,6 +315,23 @@ class Settings:
                 sources[setting.key] = f"environment {setting.env}"
         return cls(**values, config_file=config_file, sources=sources)
 
+    def dispatch_log_problem(self) -> str | None:
+        """Why ``dispatch_log`` cannot be appended to, naming the variable; ``None`` if it can.
+
+        Checked without creating anything (``sglang-fl doctor``); the dispatch report also
+        opens it at start-up, which catches what a check cannot (e.g. a full disk).
+        """
+        if self.dispatch_log is None:
+            return None
+        problem = append_target_problem(self.dispatch_log)
+        if problem is None:
+            return None
+        return (
+            f"SGLANG_FL_DISPATCH_LOG={str(self.dispatch_log)!r} "
+            f"({self.sources.get('dispatch_log')}): {problem}; expected a file path whose "
+            "directory exists or can be created, writable"
+        )
+
     def to_dict(self) -> ConfigurationJson:
         """JSON-able effective settings with their sources."""
 
@@ -326,6 +356,52 @@ class Settings:
                 for s in SETTINGS
             },
         }
+
+
+def append_target_problem(path: Path) -> str | None:
+    """Why a file could not be appended to at ``path`` (missing directories are created)."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        try:  # opening an existing file for append changes nothing
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except OSError as exc:
+            return f"cannot be opened for appending ({exc.strerror or exc})"
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {str(parent)!r} is not writable"
+    return None
+
+
+# The settings that name plugins (entry points) or vendors: each name should match one installed.
+_NAME_LIST_SETTINGS = ("plugins", "disable_plugins", "allow_vendors", "deny_vendors")
+
+
+def unmatched_names(settings: Settings, installed: Collection[str]) -> list[str]:
+    """A warning, with the close match, per listed plugin or vendor name nothing installed has.
+
+    ``installed`` are the entry-point names found; by the identity rule a vendor name is its
+    plugin's entry-point name, so both kinds of list are checked against them.
+    """
+    warnings = []
+    for key in _NAME_LIST_SETTINGS:
+        names: tuple[str, ...] | None = getattr(settings, key)
+        for name in names or ():
+            if name in installed:
+                continue
+            close = difflib.get_close_matches(name, installed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            warnings.append(
+                f"{_BY_KEY[key].env} ({settings.sources.get(key, key)}) names {name!r}, which "
+                f"matches no installed plugin{hint}; installed: "
+                f"{', '.join(sorted(installed)) or 'none'}"
+            )
+    return warnings
 
 
 def _read_config_file(path: Path, variable: str) -> dict[str, Any]:

@@ -25,7 +25,8 @@ import pluggy
 from . import __version__, hookspecs
 from . import reference as reference_backend
 from ._strenum import StrEnum
-from .config import Settings
+from .config import NAME_HELP, Settings, is_valid_name
+from .dispatch.identity import CORE_DISTRIBUTION
 from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
@@ -44,7 +45,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "sglang_fl.backends"
-CORE_DISTRIBUTION = "sglang-fl"
 
 _log = logging.getLogger(__name__)
 # Threads inside load_plugins right now, under a condition os.fork() waits on (see runtime).
@@ -275,6 +275,12 @@ def _load_entry_point(
         pm.set_blocked(ep.name)
         record.status, record.error = PluginStatus.DISABLED, blocked
         return record
+    if not is_valid_name(ep.name):  # the settings could never name it to disable it
+        return _failed(
+            record,
+            f"entry-point name {ep.name!r} is not a valid plugin name ({NAME_HELP}); "
+            "SGLANG_FL_DISABLE_PLUGINS could not name it, so it is not loaded",
+        )
 
     try:
         return _import_and_register(ep, settings, registry, pm, record, key)

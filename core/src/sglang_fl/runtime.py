@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pluggy
 
 from ._forksafe import reset_locks_in_child
-from .config import Settings
+from .config import Settings, is_valid_name, unmatched_names
 from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
@@ -66,6 +66,11 @@ class Runtime:
         self.plugins: tuple[PluginRecord, ...] = tuple(
             load_plugins(config, self.registry, self.plugin_manager, tolerate_failures=inspecting)
         )
+        installed = {p.name for p in self.plugins if not p.builtin and is_valid_name(p.name)}
+        # Names in the plugin and vendor lists that nothing installed has: likely typos.
+        self.setting_warnings: tuple[str, ...] = tuple(unmatched_names(config, installed))
+        for warning in self.setting_warnings:
+            _log.warning("%s", warning)
         self._availability = AvailabilityCache(timeout=config.plugin_timeout)
         self._resolutions: dict[str, Resolution] = {}
         self._lock = threading.RLock()

@@ -137,6 +137,7 @@ class TorchReport(TypedDict, total=False):
 class PluginsPayload(TypedDict):
     schema_version: int
     entry_point_group: str
+    identity_rule: str  # how vendor names and impl ids follow the entry-point name
     plugins: list[PluginJson]
 
 

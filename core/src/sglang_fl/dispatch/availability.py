@@ -31,6 +31,8 @@ class AvailabilityCache:
             return Availability(False, f"looking up its probe raised {describe_exception(exc)}")
         if probe is None:
             return Availability(True, "no availability probe: always available")
+        if isinstance(probe, bool):
+            return Availability(probe, f"declared available={probe} when registered")
         with self._lock:
             key = _key(probe)
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_ORDER, DEFAULT_SOURCE, OrderToken, Settings
+from .identity import vendor_identity
 from .types import OpImpl
 
 __all__ = ["OrderPlan", "SelectionPolicy"]
@@ -54,15 +55,21 @@ class SelectionPolicy:
         return OrderPlan(op_name, tokens, settings.sources.get("prefer", "prefer"), True)
 
     def vendor_refusal(self, impl: OpImpl) -> str | None:
-        """Why the allow/deny vendor lists exclude ``impl``, or ``None``."""
-        if impl.vendor is None:
+        """Why the allow/deny vendor lists exclude ``impl``, or ``None``.
+
+        The lists match the registering plugin's entry-point name (see
+        :mod:`~sglang_fl.dispatch.identity`), so no kind and no declared vendor escapes them.
+        """
+        name = vendor_identity(impl)
+        if name is None:
             return None
-        if impl.vendor in self.settings.deny_vendors:
-            return f"vendor {impl.vendor!r} is denied ({self.settings.sources['deny_vendors']})"
+        who = f"vendor {name!r}" if impl.vendor == name else f"plugin {name!r}"
+        if name in self.settings.deny_vendors:
+            return f"{who} is denied ({self.settings.sources['deny_vendors']})"
         allow = self.settings.allow_vendors
-        if allow is not None and impl.vendor not in allow:
+        if allow is not None and name not in allow:
             return (
-                f"vendor {impl.vendor!r} is not in the allow list {list(allow)} "
+                f"{who} is not in the allow list {list(allow)} "
                 f"({self.settings.sources['allow_vendors']})"
             )
         return None

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
 from ..ops import STANDARD_OPS, unknown_op_message
+from .identity import DIRECT_PLUGIN, identity_problem
 from .types import BackendImplKind, OpImpl, Provenance
 
 __all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry", "RegistryState"]
 
 # Provenance of registrations made outside a plugin load (a test, an interactive session).
-DIRECT_PROVENANCE = Provenance(plugin="<direct>", distribution="<none>", version="")
+DIRECT_PROVENANCE = Provenance(plugin=DIRECT_PLUGIN, distribution="<none>", version="")
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,12 @@ class OpRegistry:
             )
         if not callable(impl.fn):
             raise RegistrationError(f"{who} registered {impl.impl_id!r} with a non-callable fn")
+        declared: object = impl.available
+        if declared is not None and not isinstance(declared, bool) and not callable(declared):
+            raise RegistrationError(
+                f"{who} registered {impl.impl_id!r} with available={declared!r}; expected "
+                "None, True, False or a no-argument probe returning bool or Availability"
+            )
         contract = STANDARD_OPS[impl.op_name]
         problem = contract.signature_problem(impl.fn)
         if problem is not None:
@@ -341,3 +348,6 @@ class OpRegistry:
                 raise RegistrationError(
                     f"{who} registered {impl.impl_id!r} for op {impl.op_name!r} twice"
                 )
+        problem = identity_problem(impl, provenance)
+        if problem is not None:
+            raise RegistrationError(problem)

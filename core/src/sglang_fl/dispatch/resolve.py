@@ -216,36 +216,36 @@ def _check_explicit_choice(
 
 
 def _bind_chain(op_name: str, chain: list[OpImpl]) -> Callable[..., Any]:
-    """The chosen fn itself, or a closure handing an ``Unsupported`` call to the next one."""
-    fn = chain[-1].fn
-    for impl, fallback in zip(reversed(chain[:-1]), reversed(chain[1:]), strict=True):
-        fn = _with_fallback(op_name, impl, fallback, fn)
-    return fn
+    """The chosen fn itself, or one closure walking the chain while candidates decline.
 
-
-def _with_fallback(
-    op_name: str, impl: OpImpl, fallback: OpImpl, next_fn: Callable[..., Any]
-) -> Callable[..., Any]:
-    primary = impl.fn
-    warned = False
+    A loop, not nested closures: a chain of any length (a thousand plugins declining) costs
+    one stack frame, and an ``Unsupported`` handled here is not the ``__context__`` of the
+    next candidate's exceptions.
+    """
+    if len(chain) == 1:
+        return chain[0].fn
+    steps = tuple((impl.impl_id, impl.fn) for impl in chain)
+    may_decline, last = steps[:-1], chain[-1].fn
+    warned = [False] * len(may_decline)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        nonlocal warned
-        try:
-            return primary(*args, **kwargs)
-        except Unsupported as exc:
-            if not warned:
-                warned = True
-                _log.warning(
-                    "%s: %s declined a call (%s); handing it to %s (warned once per process)",
-                    op_name,
-                    impl.impl_id,
-                    exc,
-                    fallback.impl_id,
-                )
-            return next_fn(*args, **kwargs)
+        for index, (impl_id, fn) in enumerate(may_decline):
+            try:
+                return fn(*args, **kwargs)
+            except Unsupported as exc:  # the next candidate runs after this block
+                if not warned[index]:
+                    warned[index] = True
+                    _log.warning(
+                        "%s: %s declined a call (%s); handing it to %s (warned once per process)",
+                        op_name,
+                        impl_id,
+                        exc,
+                        steps[index + 1][0],
+                    )
+        return last(*args, **kwargs)
 
-    call.__name__ = f"{op_name}_via_{impl.impl_id}"
+    first, rest = chain[0].impl_id, ", ".join(impl.impl_id for impl in chain[1:])
+    call.__name__ = f"{op_name}_via_{first}"
     call.__qualname__ = call.__name__
-    call.__doc__ = f"{impl.impl_id}, handing Unsupported calls to {fallback.impl_id}."
+    call.__doc__ = f"{first}, handing Unsupported calls on to, in order: {rest}."
     return call

@@ -68,8 +68,9 @@ class OpImpl:
     ``fn`` takes the op's standard arguments (see :mod:`sglang_fl.ops`). If ``fn`` carries an
     ``_is_available`` attribute (the seed layout), or ``available`` is given, that no-argument
     callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
-    process. ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor
-    implementation that gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
+    process; a plain ``True``/``False`` there is a fixed answer (``False``: never chosen).
+    ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor implementation that
+    gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
     in by the loader; a backend never sets it.
     """
 
@@ -79,7 +80,7 @@ class OpImpl:
     fn: Callable[..., Any]
     vendor: str | None = None
     priority: int = None  # type: ignore[assignment]  # set from ``kind`` in __post_init__
-    available: Callable[[], object] | None = field(default=None, compare=False)
+    available: Callable[[], object] | bool | None = field(default=None, compare=False)
     provenance: Provenance | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,9 +89,12 @@ class OpImpl:
             object.__setattr__(self, "priority", BackendPriority[self.kind.name])
 
     @property
-    def availability_probe(self) -> Callable[[], object] | None:
-        probe = self.available or getattr(self.fn, "_is_available", None)
-        return probe if callable(probe) else None
+    def availability_probe(self) -> Callable[[], object] | bool | None:
+        """``available`` if given, else ``fn._is_available``; a bool is a fixed answer."""
+        probe = self.available
+        if probe is None:
+            probe = getattr(self.fn, "_is_available", None)
+        return probe if isinstance(probe, bool) or callable(probe) else None
 
     def with_provenance(self, provenance: Provenance) -> OpImpl:
         return replace(self, provenance=provenance)

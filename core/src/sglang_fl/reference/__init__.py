@@ -7,12 +7,13 @@ last resort of the default order.
 
 from __future__ import annotations
 
+from ..dispatch.identity import REFERENCE_PLUGIN
 from ..dispatch.registry import OpRegistry
 from ..dispatch.types import BackendImplKind, BackendPriority, OpImpl
 from ..hookspecs import hookimpl
 from ..ops import STANDARD_OPS
 
-PLUGIN_NAME = "reference"
+PLUGIN_NAME = REFERENCE_PLUGIN
 
 
 def impl_id(op_name: str) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from ..._forksafe import reset_locks_in_child
 from ..._strenum import StrEnum
+from ...errors import ConfigError
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
@@ -66,9 +67,17 @@ class DispatchReport:
     """Logs records once and appends them to the dispatch log, if one is configured."""
 
     def __init__(self, log_path: Path | None) -> None:
+        """Opens ``log_path`` once now: a path that cannot be appended to is a
+        :class:`~sglang_fl.errors.ConfigError` naming ``SGLANG_FL_DISPATCH_LOG`` at start-up,
+        not an ``OSError`` inside SGLang's hook later."""
         self.log_path = log_path
         self._lock = threading.Lock()
         reset_locks_in_child(self)  # a thread emitting at fork time must not hang the child
+        if log_path is not None:
+            try:
+                os.close(self._open(log_path))
+            except OSError as exc:
+                raise ConfigError(_log_error(log_path, exc)) from None
 
     def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""
@@ -121,13 +130,30 @@ class DispatchReport:
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
         with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # One O_APPEND write per record: lines from concurrent processes never interleave.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if self.log_path is None:  # an earlier write failed: reported once, then off
+                return
             try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+                # One O_APPEND write per record: lines from concurrent processes never interleave.
+                fd = self._open(path)
+                try:
+                    os.write(fd, line)
+                finally:
+                    os.close(fd)
+            except OSError as exc:  # became unwritable after start-up: never fail a forward
+                self.log_path = None
+                _log.error("%s; no further records are written to it", _log_error(path, exc))
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _log_error(path: Path, exc: OSError) -> str:
+    return (
+        f"SGLANG_FL_DISPATCH_LOG={str(path)!r}: cannot append the dispatch report "
+        f"({exc.strerror or exc}); expected a writable file path"
+    )
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
