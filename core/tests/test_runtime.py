@@ -152,9 +152,9 @@ def rms(obj, x, residual=None):
 
 @hookimpl
 def sglang_fl_register_ops(registry):
-    registry.register(OpImpl("silu_and_mul", "vendor.slow", BackendImplKind.VENDOR, silu, "slow",
+    registry.register(OpImpl("silu_and_mul", "vendor.probed.slow", BackendImplKind.VENDOR, silu, "probed",
                              available=slow_probe))
-    registry.register(OpImpl("rms_norm", "vendor.quick", BackendImplKind.VENDOR, rms, "quick",
+    registry.register(OpImpl("rms_norm", "vendor.probed.quick", BackendImplKind.VENDOR, rms, "probed",
                              available=quick_probe))
 """
 
@@ -186,7 +186,7 @@ def test_concurrent_resolution_probes_once(plugin_site, monkeypatch):
         t.join(timeout=30)
     assert len(seen) == 8
     assert len({id(r) for r in seen}) == 1
-    assert seen[0].decision.chosen.impl_id == "vendor.slow"
+    assert seen[0].decision.chosen.impl_id == "vendor.probed.slow"
     assert plugin.CALLS == ["slow"]
 
 
@@ -320,12 +320,12 @@ def test_fork_waits_for_a_probe_another_thread_runs(plugin_site, monkeypatch):
 
         def child() -> int:
             runtime = runtime_module.get_runtime()
-            if runtime.resolve("silu_and_mul").decision.chosen.impl_id != "vendor.slow":
+            if runtime.resolve("silu_and_mul").decision.chosen.impl_id != "vendor.probed.slow":
                 return 11
             verdicts = {
                 c.impl.impl_id: c.reason for c in runtime.resolve("rms_norm").decision.candidates
             }
-            if verdicts["vendor.quick"] != "unavailable: quick probe ran":
+            if verdicts["vendor.probed.quick"] != "unavailable: quick probe ran":
                 return 12
             return 0 if plugin.CALLS == ["slow", "quick"] else 13  # the slow probe ran once
 
@@ -333,5 +333,5 @@ def test_fork_waits_for_a_probe_another_thread_runs(plugin_site, monkeypatch):
     finally:
         plugin.RELEASE.set()
         resolver.join(timeout=10)
-    assert runtime.resolve("silu_and_mul").decision.chosen.impl_id == "vendor.slow"
+    assert runtime.resolve("silu_and_mul").decision.chosen.impl_id == "vendor.probed.slow"
     assert plugin.CALLS == ["slow"]  # the child's quick probe ran in the child only
