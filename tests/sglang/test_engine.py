@@ -27,7 +27,7 @@ from sglang_processes import (
 from sglang_processes import run_engine as run_engine_process
 from tiny_models import hf_greedy
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dispatch.resolve import Resolution
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from .bridges import BRIDGES, Bridge
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
-from .report import DispatchReport, ReportEvent, Runner
 
 __all__ = ["Router", "get_router", "register"]
 

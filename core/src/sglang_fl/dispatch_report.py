@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..._strenum import StrEnum
+from ._strenum import StrEnum
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
