@@ -29,7 +29,9 @@ __all__ = [
     "Forward",
     "Handoff",
     "LayerRouter",
+    "NormResult",
     "Plan",
+    "norm_rows",
     "qualname",
     "rows_forward",
 ]
@@ -37,6 +39,7 @@ __all__ = [
 # handoff(reason) hands one call to the engine's own forward; it logs once per class/reason.
 Handoff = Callable[[str], None]
 Forward = Callable[..., Any]
+NormResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a norm: x, or (x, residual)
 
 
 def qualname(cls: type) -> str:
@@ -99,6 +102,22 @@ def rows_forward(layer: Any, fn: Forward, *, halves: bool) -> Forward:
         return out.reshape(*lead, width // 2 if halves else width)
 
     return forward
+
+
+def norm_rows(fn: Forward, obj: Any, x: torch.Tensor, residual: torch.Tensor | None) -> NormResult:
+    """``fn(obj, x[, residual])`` of a residual norm on 2-D rows, the results in the callers'
+    shapes (norm layers take ``x`` of any rank; the standard ops ``[num_tokens, hidden]``)."""
+    if x.dim() == 2:
+        normed: NormResult = fn(obj, x) if residual is None else fn(obj, x, residual)
+        return normed
+    shape, hidden = x.shape, x.shape[-1]
+    if residual is None:
+        rows: torch.Tensor = fn(obj, x.reshape(-1, hidden))
+        return rows.reshape(shape)
+    out: torch.Tensor
+    res: torch.Tensor
+    out, res = fn(obj, x.reshape(-1, hidden), residual.reshape(-1, hidden))
+    return out.reshape(shape), res.reshape(residual.shape)
 
 
 class CosSinHalves:

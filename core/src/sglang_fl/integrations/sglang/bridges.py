@@ -18,12 +18,10 @@ from typing import Any
 import torch
 
 from .. import routing
-from ..routing import CosSinHalves, Forward, Handoff, rows_forward
+from ..routing import CosSinHalves, Forward, Handoff, NormResult, norm_rows, rows_forward
 from .compat import LAYER_CLASSES
 
 __all__ = ["BRIDGES", "Bridge", "Forward", "Handoff"]
-
-NormResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # rms_norm: x, or (x, residual)
 
 
 class Bridge(routing.Bridge):
@@ -74,7 +72,6 @@ class RMSNormBridge(Bridge):
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
         hidden = layer.hidden_size
-        kernel: Callable[..., NormResult] = fn
         sglang: Callable[..., NormResult] = sglang_forward
 
         def rms_norm(
@@ -93,14 +90,7 @@ class RMSNormBridge(Bridge):
                 raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
             if residual is not None and post_residual_addition is not None:
                 residual = residual + post_residual_addition
-            if x.dim() == 2:
-                return kernel(layer, x) if residual is None else kernel(layer, x, residual)
-            shape = x.shape
-            if residual is None:
-                normed: torch.Tensor = fn(layer, x.reshape(-1, hidden))
-                return normed.reshape(shape)
-            out, res = fn(layer, x.reshape(-1, hidden), residual.reshape(-1, hidden))
-            return out.reshape(shape), res.reshape(residual.shape)
+            return norm_rows(fn, layer, x, residual)
 
         return rms_norm
 
