@@ -13,7 +13,14 @@ from typing import Any
 
 from ...errors import SglangFlError
 
-__all__ = ["DISPATCH_TARGET", "LAYER_CLASSES", "VllmApi", "VllmApiError", "find_vllm_api"]
+__all__ = [
+    "DISPATCH_TARGET",
+    "LAYER_CLASSES",
+    "VllmApi",
+    "VllmApiError",
+    "find_vllm_api",
+    "vllm_version",
+]
 
 # The method every vLLM CustomOp calls once, in __init__, to pick the forward it keeps.
 DISPATCH_TARGET = "vllm.model_executor.custom_op.CustomOp.dispatch_forward"

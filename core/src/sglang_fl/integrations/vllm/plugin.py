@@ -12,6 +12,9 @@ enables the layer's custom op, and its default (``"none"`` under torch.compile) 
 whether a user asked for it. sglang-fl therefore routes every standard layer, custom ops on or
 off, except one whose op the config disables by name (``custom_ops=["-rms_norm"]``): that
 layer keeps vLLM's own forward. ``VLLM_PLUGINS`` without ``sglang_fl`` turns sglang-fl off.
+
+It also registers ``sglang_fl`` as a provider of vLLM's norm IR ops (``ir_providers.py``),
+which ``kernel_config.ir_op_priority`` can select.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from ...runtime import Runtime, get_runtime
 from ..routing import Bridge, Forward, LayerRouter
 from .bridges import BRIDGES
 from .compat import DISPATCH_TARGET, VllmApi, find_vllm_api
+from .ir_providers import PROVIDER as IR_PROVIDER
+from .ir_providers import register_ir_providers
 
 __all__ = ["VllmRouter", "get_router", "register"]
 
@@ -115,11 +120,14 @@ def register() -> None:
         report = DispatchReport(runtime.config.dispatch_log)
         router = VllmRouter(api, runtime, report)
         _hook(api, router)
+        ir_refusal = register_ir_providers(runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,
         engine="vllm",
         vllm_version=api.version,
         hook=DISPATCH_TARGET,
+        ir_provider=IR_PROVIDER if ir_refusal is None else None,
+        ir_provider_reason=ir_refusal,
         plugins=[p.summary() for p in runtime.plugins],
     )
