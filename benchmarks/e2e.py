@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "sglang"))
 from real_model import MODEL_NAME, chat_input_ids, prepare  # noqa: E402
 from sglang_processes import clean_env  # noqa: E402
 
-from sglang_fl.integrations.sglang.report import read_log  # noqa: E402
+from sglang_fl.dispatch_report import read_log  # noqa: E402
 
 TARGET_RATIO = 0.98  # routed decode tokens/s over forward_native's, medians
 QUESTIONS = [

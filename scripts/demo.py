@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from real_model import chat_input_ids, prepare
 
     from sglang_fl.cli import format_table
-    from sglang_fl.integrations.sglang.report import read_log
+    from sglang_fl.dispatch_report import read_log
 
     print("== preparing SmolLM2-135M-Instruct (fetched and converted once, then reused)")
     model = prepare(args.cache)

@@ -371,6 +371,7 @@ def test_doctor_json(capsys, plugin_site, only, tmp_path, monkeypatch):
         "platform",
         "torch",
         "sglang",
+        "vllm",
         "configuration",
         "plugins",
         "problems",

@@ -19,9 +19,9 @@ from sglang_fl.dispatch.availability import AvailabilityCache
 from sglang_fl.dispatch.probes import ChipSdk
 from sglang_fl.dispatch.registry import OpRegistry, RegistryState
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl, Provenance
+from sglang_fl.dispatch_report import DispatchReport, ReportEvent
 from sglang_fl.errors import ConfigError, PluginLoadError, RegistrationError
 from sglang_fl.guard import call_plugin_code, describe_exception, in_plugin_code, safe_repr
-from sglang_fl.integrations.sglang.report import DispatchReport, ReportEvent
 
 ACME = Provenance("acme", "sglang-fl-acme", "1.0")
 REFERENCE = Provenance("reference", "sglang-fl", "0.1.0")

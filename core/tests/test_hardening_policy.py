@@ -343,7 +343,7 @@ def test_dispatch_log_problem_names_the_variable(tmp_path) -> None:
 
 
 def test_dispatch_report_refuses_an_unusable_log_at_start(tmp_path) -> None:
-    from sglang_fl.integrations.sglang.report import DispatchReport, ReportEvent, read_log
+    from sglang_fl.dispatch_report import DispatchReport, ReportEvent, read_log
 
     with pytest.raises(ConfigError, match=r"^SGLANG_FL_DISPATCH_LOG=.*Is a directory"):
         DispatchReport(tmp_path)
@@ -358,7 +358,7 @@ def test_dispatch_report_refuses_an_unusable_log_at_start(tmp_path) -> None:
 
 
 def test_dispatch_report_that_breaks_later_is_logged_once_and_off(tmp_path, caplog) -> None:
-    from sglang_fl.integrations.sglang.report import DispatchReport, ReportEvent
+    from sglang_fl.dispatch_report import DispatchReport, ReportEvent
 
     path = tmp_path / "log.jsonl"
     report = DispatchReport(path)

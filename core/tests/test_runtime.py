@@ -152,10 +152,10 @@ def rms(obj, x, residual=None):
 
 @hookimpl
 def sglang_fl_register_ops(registry):
-    registry.register(OpImpl("silu_and_mul", "vendor.probed.slow", BackendImplKind.VENDOR, silu, "probed",
-                             available=slow_probe))
-    registry.register(OpImpl("rms_norm", "vendor.probed.quick", BackendImplKind.VENDOR, rms, "probed",
-                             available=quick_probe))
+    registry.register(OpImpl("silu_and_mul", "vendor.probed.slow", BackendImplKind.VENDOR, silu,
+                             "probed", available=slow_probe))
+    registry.register(OpImpl("rms_norm", "vendor.probed.quick", BackendImplKind.VENDOR, rms,
+                             "probed", available=quick_probe))
 """
 
 

@@ -551,7 +551,7 @@ def test_unusable_dispatch_log_is_named_by_doctor(sites, tmp_path, where) -> Non
             sys.executable,
             "-c",
             "import sglang_fl\n"
-            "from sglang_fl.integrations.sglang.report import DispatchReport\n"
+            "from sglang_fl.dispatch_report import DispatchReport\n"
             "DispatchReport(sglang_fl.get_runtime().config.dispatch_log)",
         ],
         capture_output=True,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from probe_vendor import build_probe_wheel, install_probe
 from sglang_processes import (
     STANDARD_LAYERS,
     clean_env,
@@ -27,7 +28,7 @@ from sglang_processes import (
 from sglang_processes import run_engine as run_engine_process
 from tiny_models import hf_greedy
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 
@@ -166,87 +167,12 @@ def test_http_server_completions_return_the_same_tokens(
 
 # --- a vendor wheel installed beside core --------------------------------------------------
 
-VENDOR_MODULE = '''
-"""A throwaway vendor: the reference math, recording in which process each op first ran."""
-import json
-import os
-
-from sglang_fl import hookimpl
-from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl
-from sglang_fl.ops import STANDARD_OPS
-
-
-def _recording(op_name, math):
-    first = True
-
-    def fn(*args, **kwargs):
-        nonlocal first
-        if first:
-            first = False
-            with open(os.environ["PROBE_VENDOR_CALLS"], "a") as out:
-                out.write(json.dumps({"op": op_name, "pid": os.getpid()}) + "\\n")
-        return math(*args, **kwargs)
-
-    return fn
-
-
-@hookimpl
-def sglang_fl_platform():
-    return os.environ.get("PROBE_VENDOR_PLATFORM") or None
-
-
-@hookimpl
-def sglang_fl_register_ops(registry):
-    registry.register_many(
-        OpImpl(op_name=name, impl_id=f"vendor.probe.{name}", kind=BackendImplKind.VENDOR,
-               fn=_recording(name, contract.reference), vendor="probe",
-               priority=BackendPriority.VENDOR)
-        for name, contract in STANDARD_OPS.items()
-    )
-'''
-
-VENDOR_PLATFORM_MODULE = """
-from sglang_fl.integrations.sglang.platform import SglangFlCpuPlatform
-
-
-class ProbePlatform(SglangFlCpuPlatform):
-    def get_dispatch_key_name(self):
-        return "probe"
-"""
-
-VENDOR_PYPROJECT = """
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "sglang-fl-probe"
-version = "0.0.1"
-dependencies = ["sglang-fl"]
-
-[project.entry-points."sglang_fl.backends"]
-probe = "sglang_fl_probe"
-"""
-
 
 @pytest.fixture(scope="module")
 def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The probe vendor built as a real wheel and pip-installed into a directory of its own."""
     root = tmp_path_factory.mktemp("probe-vendor")
-    source = root / "src"
-    (source / "sglang_fl_probe").mkdir(parents=True)
-    (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
-    (source / "sglang_fl_probe" / "platform.py").write_text(VENDOR_PLATFORM_MODULE)
-    (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
-    return site
+    return install_probe(build_probe_wheel(root), root / "site")
 
 
 def test_vendor_wheel_is_called_inside_the_scheduler(

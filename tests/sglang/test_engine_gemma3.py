@@ -15,7 +15,7 @@ import pytest
 from test_engine import run_engine, scheduler_layers
 from tiny_models import build_tiny_model
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 

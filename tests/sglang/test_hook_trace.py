@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_engine import run_engine, scheduler_layers
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 PID_LINE = re.compile(r"^\[pid (\d+)\] (.*)$")
 

@@ -26,7 +26,7 @@ from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 DTYPES = (torch.float32, torch.bfloat16)
 TORCH = KernelBackend.TORCH

@@ -23,7 +23,7 @@ from sglang.srt.layers.layernorm import Gemma3RMSNorm, GemmaRMSNorm, LayerNorm
 from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
 from sglang.srt.layers.rotary_embedding.mrope import YaRNScalingMRotaryEmbedding
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 from sglang_fl.ops import get_contract
 
 DTYPES = (torch.float32, torch.bfloat16)

@@ -20,7 +20,7 @@ import pytest
 from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env, scheduler_layers
 from tiny_models import build_tiny_model, hf_greedy
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 

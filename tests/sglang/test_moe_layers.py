@@ -22,7 +22,7 @@ pytest.importorskip("sglang")
 
 from sglang.kernels.spec import KernelBackend
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 from sglang_fl.ops import STANDARD_OPS
 
 TORCH = KernelBackend.TORCH

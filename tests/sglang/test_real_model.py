@@ -28,7 +28,7 @@ from sglang_processes import (
     scheduler_layers,
 )
 
-from sglang_fl.integrations.sglang.report import read_log
+from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 

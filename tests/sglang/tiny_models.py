@@ -73,13 +73,15 @@ def build_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> PretrainedConfig
+def _config(
+    arch: str, vocab_size: int, eos_id: int, pad_id: int, hidden_size: int
+):  # -> PretrainedConfig
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     common = {
         "vocab_size": vocab_size,
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": 2 * HIDDEN_SIZE,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
         "num_hidden_layers": NUM_LAYERS,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -103,9 +105,9 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
         gemma = {**common, "tie_word_embeddings": True}
         return Gemma3TextConfig(
             **gemma,
-            head_dim=HIDDEN_SIZE // 4,
+            head_dim=hidden_size // 4,
             hidden_activation="gelu_pytorch_tanh",
-            query_pre_attn_scalar=HIDDEN_SIZE // 4,
+            query_pre_attn_scalar=hidden_size // 4,
             sliding_window=512,
         )
     if arch == "qwen3_moe":
@@ -115,8 +117,8 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
             **common,
             **moe,
             num_experts=NUM_EXPERTS,
-            moe_intermediate_size=HIDDEN_SIZE,
-            head_dim=HIDDEN_SIZE // 4,
+            moe_intermediate_size=hidden_size,
+            head_dim=hidden_size // 4,
             norm_topk_prob=True,
             use_sliding_window=False,
         )
@@ -131,16 +133,22 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int):  # -> Pretrai
             **common,
             **moe,
             num_experts=NUM_EXPERTS,
-            moe_intermediate_size=HIDDEN_SIZE,
-            shared_expert_intermediate_size=2 * HIDDEN_SIZE,
+            moe_intermediate_size=hidden_size,
+            shared_expert_intermediate_size=2 * hidden_size,
             norm_topk_prob=False,
             use_sliding_window=False,
         )
     raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
 
 
-def build_tiny_model(out_dir: str | Path, arch: str = "llama") -> Path:
-    """Write a tiny ``arch`` checkpoint with its tokenizer to ``out_dir``; reuse it if present."""
+def build_tiny_model(
+    out_dir: str | Path, arch: str = "llama", hidden_size: int = HIDDEN_SIZE
+) -> Path:
+    """Write a tiny ``arch`` checkpoint with its tokenizer to ``out_dir``; reuse it if present.
+
+    4 attention heads: ``hidden_size`` 64 gives ``head_dim`` 16, 256 gives 64 (vLLM's CPU
+    attention needs ``head_dim`` 64 or more).
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,7 +156,7 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama") -> Path:
     stamp = out / _STAMP
     wanted = {
         "arch": arch,
-        "hidden_size": HIDDEN_SIZE,
+        "hidden_size": hidden_size,
         "layers": NUM_LAYERS,
         "seed": SEED,
         "vocab_size": VOCAB_SIZE,
@@ -159,7 +167,9 @@ def build_tiny_model(out_dir: str | Path, arch: str = "llama") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    config = _config(arch, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    config = _config(
+        arch, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, hidden_size
+    )
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

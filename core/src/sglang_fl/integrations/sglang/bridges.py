@@ -17,58 +17,24 @@ from typing import Any
 
 import torch
 
+from .. import routing
+from ..routing import CosSinHalves, Forward, Handoff, NormResult, norm_rows, rows_forward
 from .compat import LAYER_CLASSES
 
 __all__ = ["BRIDGES", "Bridge", "Forward", "Handoff"]
 
-# handoff(reason) hands one call to SGLang's own forward; it logs once per layer class/reason.
-Handoff = Callable[[str], None]
-Forward = Callable[..., Any]
-NormResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # rms_norm: x, or (x, residual)
 
-
-class Bridge:
+class Bridge(routing.Bridge):
     """How one standard op is bridged to its SGLang layer class."""
 
-    op_name: str
-
-    def refuse_class(self, cls: type, layer_base: type) -> str | None:
-        """Why ``cls`` (a subclass of ``layer_base``) must stay with SGLang, or ``None``.
-
-        A subclass that overrides ``forward_native`` computes something the standard op does
-        not (e.g. a Gemma-style norm applying ``1 + weight``), so it is never bridged.
-        """
-        below_base = cls.__mro__[: cls.__mro__.index(layer_base)]  # empty for the base itself
-        for klass in below_base:
-            if "forward_native" in klass.__dict__:
-                return (
-                    f"{klass.__qualname__} overrides forward_native, so its math is not "
-                    f"{self.op_name}'s; left to SGLang"
-                )
-        return None
-
-    def refuse_instance(self, layer: Any) -> str | None:
-        """Why this instance's options fall outside the standard op, or ``None``."""
-        return None
-
-    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
-        """The forward to cache on ``layer``: SGLang's ``forward_*`` signature, calling ``fn``."""
-        raise NotImplementedError
+    engine = "SGLang"
 
 
 class SiluAndMulBridge(Bridge):
     op_name = "silu_and_mul"
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
-        kernel: Callable[..., torch.Tensor] = fn
-
-        def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() == 2:
-                return kernel(layer, x)
-            lead = x.shape[:-1]
-            return kernel(layer, x.reshape(-1, x.shape[-1])).reshape(*lead, x.shape[-1] // 2)
-
-        return silu_and_mul
+        return rows_forward(layer, fn, halves=True)
 
 
 def _fuses_input_quant(quant_linear: Any) -> bool:
@@ -106,7 +72,6 @@ class RMSNormBridge(Bridge):
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
         hidden = layer.hidden_size
-        kernel: Callable[..., NormResult] = fn
         sglang: Callable[..., NormResult] = sglang_forward
 
         def rms_norm(
@@ -125,14 +90,7 @@ class RMSNormBridge(Bridge):
                 raise ValueError(f"Expected hidden_size to be {hidden}, but found: {x.shape[-1]}")
             if residual is not None and post_residual_addition is not None:
                 residual = residual + post_residual_addition
-            if x.dim() == 2:
-                return kernel(layer, x) if residual is None else kernel(layer, x, residual)
-            shape = x.shape
-            if residual is None:
-                normed: torch.Tensor = fn(layer, x.reshape(-1, hidden))
-                return normed.reshape(shape)
-            out, res = fn(layer, x.reshape(-1, hidden), residual.reshape(-1, hidden))
-            return out.reshape(shape), res.reshape(residual.shape)
+            return norm_rows(fn, layer, x, residual)
 
         return rms_norm
 
@@ -146,19 +104,7 @@ class RotaryEmbeddingBridge(Bridge):
         partial = rotary_dim < head_size
         interleaved = not layer.is_neox_style
         sglang: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sglang_forward
-        # query dtype -> (source cos_sin_cache, cos, sin). Rebuilt only when SGLang replaces
-        # the cache (growth, device move) so a call never converts the whole cache.
-        halves: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-        def cos_sin(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-            cache = layer.cos_sin_cache
-            memo = halves.get(dtype)
-            if memo is None or memo[0] is not cache:
-                converted = cache.to(device=device, dtype=dtype)
-                cos, sin = converted.chunk(2, dim=-1)
-                memo = (cache, cos.contiguous(), sin.contiguous())
-                halves[dtype] = memo
-            return memo[1], memo[2]
+        cos_sin = CosSinHalves(layer)
 
         def rotary_embedding(
             positions: torch.Tensor,
@@ -193,7 +139,7 @@ class RotaryEmbeddingBridge(Bridge):
                 k.copy_(k_out)
             return query, key
 
-        rotary_embedding.cos_sin_halves = halves  # type: ignore[attr-defined]  # inspection
+        rotary_embedding.cos_sin_halves = cos_sin.halves  # type: ignore[attr-defined]  # inspection
         return rotary_embedding
 
 

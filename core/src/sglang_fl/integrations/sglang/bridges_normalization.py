@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..routing import norm_rows
 from .bridges import Bridge, Forward, Handoff
 
 __all__ = ["EpsilonAlias", "GemmaRMSNormBridge", "LayerNormBridge"]
@@ -32,21 +33,6 @@ class EpsilonAlias:
         return getattr(self.layer, name)
 
 
-def gemma_norm(fn: Forward, obj: Any, x: torch.Tensor, residual: torch.Tensor | None) -> Norm:
-    """``fn(obj, x[, residual])`` on 2-D rows, the results in the callers' shapes."""
-    if x.dim() == 2:
-        normed: Norm = fn(obj, x) if residual is None else fn(obj, x, residual)
-        return normed
-    shape, hidden = x.shape, x.shape[-1]
-    if residual is None:
-        rows: torch.Tensor = fn(obj, x.reshape(-1, hidden))
-        return rows.reshape(shape)
-    out: torch.Tensor
-    res: torch.Tensor
-    out, res = fn(obj, x.reshape(-1, hidden), residual.reshape(-1, hidden))
-    return out.reshape(shape), res.reshape(residual.shape)
-
-
 class GemmaRMSNormBridge(Bridge):
     """``GemmaRMSNorm(x, residual, post_residual_addition)`` and ``Gemma3RMSNorm(x, residual)``."""
 
@@ -57,7 +43,7 @@ class GemmaRMSNormBridge(Bridge):
             obj = EpsilonAlias(layer)
 
             def gemma3_rms_norm(x: torch.Tensor, residual: torch.Tensor | None = None) -> Norm:
-                return gemma_norm(fn, obj, x, residual)
+                return norm_rows(fn, obj, x, residual)
 
             return gemma3_rms_norm
 
@@ -68,7 +54,7 @@ class GemmaRMSNormBridge(Bridge):
         ) -> Norm:
             if residual is not None and post_residual_addition is not None:
                 residual = residual + post_residual_addition  # as forward_native adds it first
-            return gemma_norm(fn, layer, x, residual)
+            return norm_rows(fn, layer, x, residual)
 
         return gemma_rms_norm
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from ...dispatch.types import BackendImplKind
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...runtime import Runtime
 from ...schema import impl_fields
 from .compat import SglangApi
-from .report import DispatchReport, ReportEvent, Runner
 
 __all__ = ["FUNCTION_ROUTES", "FunctionRoute", "route_kernel_functions", "triton_driver_active"]
 

@@ -18,58 +18,26 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from ..._forksafe import reset_locks_in_child
-from ...dispatch.resolve import Resolution
-from ...errors import NoImplementationError
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...runtime import Runtime, get_runtime
-from ...schema import impl_fields
-from .bridges import BRIDGES, Bridge
+from ..routing import Forward, LayerRouter
+from .bridges import BRIDGES
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
-from .report import DispatchReport, ReportEvent, Runner
 
 __all__ = ["Router", "get_router", "register"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
-Forward = Callable[..., Any]
 
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _method_name(method: Any) -> str:
-    return getattr(method, "__name__", None) or repr(method)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What happens to every instance of one layer class in this process."""
-
-    op_name: str | None
-    bridge: Bridge | None
-    resolution: Resolution | None
-
-
-class Router:
+class Router(LayerRouter):
     """Decides, once per layer class and once per instance, which forward SGLang caches."""
 
     def __init__(self, api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+        super().__init__(api.layers, BRIDGES, runtime, report, Runner.SGLANG, "SGLang")
         self.api = api
-        self.runtime = runtime
-        self.report = report
-        self._plans: dict[type, _Plan] = {}
-        # (event, layer class, reason) already reported: refusals and handoffs, once each.
-        self._reported: set[tuple[ReportEvent, type, str]] = set()
-        self._lock = threading.RLock()
-        reset_locks_in_child(self)
-
-    def _reset_locks_after_fork(self) -> None:
-        self._lock = threading.RLock()
 
     # --- the hook -----------------------------------------------------------------------
 
@@ -92,93 +60,6 @@ class Router:
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
         forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
         return forward
-
-    # --- once per class -----------------------------------------------------------------
-
-    def _layer_base(self, cls: type) -> type | None:
-        """The nearest class in ``cls``'s MRO that stands for a standard op, if any."""
-        return next((klass for klass in cls.__mro__ if klass in self.api.layers), None)
-
-    def _op_of(self, cls: type) -> str | None:
-        base = self._layer_base(cls)
-        return None if base is None else self.api.layers[base]
-
-    def _plan(self, cls: type, sglang_forward: Forward) -> _Plan:
-        with self._lock:
-            plan = self._plans.get(cls)
-            if plan is not None:
-                return plan
-            layer_base = self._layer_base(cls)
-            op_name = None if layer_base is None else self.api.layers[layer_base]
-            bridge = BRIDGES.get(op_name) if op_name else None
-            resolution = None
-            reason = "no standard sglang-fl op for this layer; SGLang runs it"
-            if bridge is not None and op_name is not None and layer_base is not None:
-                refusal = bridge.refuse_class(cls, layer_base)
-                if refusal is not None:
-                    reason = refusal
-                else:
-                    try:
-                        resolution = self.runtime.resolve(op_name)
-                    except NoImplementationError as exc:
-                        if self.runtime.config.strict:
-                            raise
-                        reason = f"{exc}; left to SGLang"
-            plan = _Plan(op_name, bridge, resolution)
-            self._plans[cls] = plan
-            fields: dict[str, Any] = {
-                "layer": _qualname(cls),
-                "op": op_name,
-                "sglang_forward": _method_name(sglang_forward),
-            }
-            if resolution is not None:
-                decision = resolution.decision
-                fields.update(runner=Runner.SGLANG_FL, **impl_fields(decision.chosen))
-                fields["fallbacks"] = [impl.impl_id for impl in decision.fallbacks]
-            else:
-                fields.update(runner=Runner.SGLANG, reason=reason)
-            self.report.emit(ReportEvent.LAYER, **fields)
-            return plan
-
-    # --- rare paths, reported once --------------------------------------------------------
-
-    def _note_refusal(
-        self, cls: type, op_name: str | None, reason: str, sglang_forward: Forward
-    ) -> None:
-        self._report_once(ReportEvent.LAYER, cls, op_name, reason, sglang_forward, scope="instance")
-
-    def _handoff(self, cls: type, sglang_forward: Forward) -> Callable[[str], None]:
-        def handoff(reason: str) -> None:
-            self._report_once(ReportEvent.HANDOFF, cls, self._op_of(cls), reason, sglang_forward)
-
-        return handoff
-
-    def _report_once(
-        self,
-        event: ReportEvent,
-        cls: type,
-        op_name: str | None,
-        reason: str,
-        sglang_forward: Forward,
-        **extra: str,
-    ) -> None:
-        """Report that SGLang runs ``cls`` (or one call of it) for ``reason``, once per process."""
-        key = (event, cls, reason)
-        if key in self._reported:  # the common case per call: no lock
-            return
-        with self._lock:
-            if key in self._reported:
-                return
-            self._reported.add(key)
-        self.report.emit(
-            event,
-            layer=_qualname(cls),
-            op=op_name,
-            runner=Runner.SGLANG,
-            sglang_forward=_method_name(sglang_forward),
-            reason=reason,
-            **extra,
-        )
 
 
 _router: Router | None = None

@@ -1,8 +1,9 @@
-"""The dispatch report: which implementation runs each SGLang layer class, in every process.
+"""The dispatch report: which implementation runs each engine layer class, in every process.
 
-Each process that loads the plugin writes one ``plugin`` record, then one ``layer`` record the
-first time SGLang resolves a fused-op class there, and one ``handoff`` record the first time a
-call is handed back to SGLang's own path. Records are logged at INFO in the first rank (DEBUG
+Shared by the SGLang and vLLM integrations. Each process that loads the plugin writes one
+``plugin`` record, then one ``layer`` record the first time the engine resolves a fused-op
+class there, and one ``handoff`` record the first time a call is handed back to the engine's
+own path. Records are logged at INFO in the first rank (DEBUG
 elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all
 carry ``pid``, so the spawned scheduler workers' choices are visible from outside.
 """
@@ -20,9 +21,9 @@ from typing import Any
 
 import torch
 
-from ..._forksafe import reset_locks_in_child
-from ..._strenum import StrEnum
-from ...errors import ConfigError
+from ._forksafe import reset_locks_in_child
+from ._strenum import StrEnum
+from .errors import ConfigError
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
@@ -39,10 +40,14 @@ class ReportEvent(StrEnum):
 
 
 class Runner(StrEnum):
-    """Who runs a layer: an sglang-fl implementation, or SGLang's own forward."""
+    """Who runs a layer: an sglang-fl implementation, or the engine's own forward.
+
+    A record whose runner is an engine names that engine's forward in ``<runner>_forward``.
+    """
 
     SGLANG_FL = "sglang-fl"
     SGLANG = "sglang"
+    VLLM = "vllm"
 
 
 def _first_rank() -> bool:
@@ -103,19 +108,23 @@ class DispatchReport:
                     fields["version"],
                 )
             else:
+                runner = fields.get("runner")
                 _log.log(
                     level,
-                    "sglang-fl dispatch: %s -> SGLang %s (%s)",
+                    "sglang-fl dispatch: %s -> %s %s (%s)",
                     fields["layer"],
-                    fields.get("sglang_forward"),
+                    runner,
+                    fields.get(f"{runner}_forward"),
                     fields.get("reason"),
                 )
         elif event is ReportEvent.HANDOFF:
+            runner = fields.get("runner")
             _log.log(
                 level,
-                "sglang-fl: %s hands a call to SGLang's %s: %s (logged once)",
+                "sglang-fl: %s hands a call to %s's %s: %s (logged once)",
                 fields["layer"],
-                fields.get("sglang_forward"),
+                runner,
+                fields.get(f"{runner}_forward"),
                 fields["reason"],
             )
         else:
