@@ -58,6 +58,8 @@ def test_every_documented_variable_exists():
         "SGLANG_FL_PLUGINS",
         "SGLANG_FL_DISABLE_PLUGINS",
         "SGLANG_FL_DISPATCH_LOG",
+        "SGLANG_FL_VERIFY",
+        "SGLANG_FL_VERIFY_OPS",
         "SGLANG_FL_TRACE",
     }
 
@@ -229,6 +231,8 @@ plugins = []
 disable_plugins = ["old"]
 dispatch_log = "/tmp/x.jsonl"
 trace = "yes"
+verify = 4
+verify_ops = ["rms_norm"]
 
 [per_op]
 rms_norm = ["reference"]
@@ -245,6 +249,7 @@ silu_and_mul = "vendor,reference"
     assert s.disable_plugins == ("old",)
     assert s.dispatch_log == Path("/tmp/x.jsonl")
     assert s.trace is True
+    assert (s.verify, s.verify_ops) == (4, ("rms_norm",))
     assert dict(s.per_op) == {
         "rms_norm": (OrderToken("reference"),),
         "silu_and_mul": (OrderToken("vendor"), OrderToken("reference")),

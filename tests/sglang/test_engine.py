@@ -20,6 +20,7 @@ import pytest
 from sglang_processes import (
     STANDARD_LAYERS,
     clean_env,
+    install_wheel_from_source,
     launch_server,
     post_json,
     scheduler_layers,
@@ -238,15 +239,7 @@ def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
     (source / "sglang_fl_probe" / "platform.py").write_text(VENDOR_PLATFORM_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
-    return site
+    return install_wheel_from_source(source, root)
 
 
 def test_vendor_wheel_is_called_inside_the_scheduler(

@@ -25,6 +25,7 @@ from ...dispatch.resolve import Resolution
 from ...errors import NoImplementationError
 from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
+from ...verify import Verifier
 from .bridges import BRIDGES, Bridge
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
@@ -61,6 +62,10 @@ class Router:
         self.api = api
         self.runtime = runtime
         self.report = report
+        config = runtime.config
+        self.verifier = Verifier(
+            config.verify, config.verify_ops, lambda rec: report.emit(ReportEvent.VERIFY, **rec)
+        )
         self._plans: dict[type, _Plan] = {}
         # (event, layer class, reason) already reported: refusals and handoffs, once each.
         self._reported: set[tuple[ReportEvent, type, str]] = set()
@@ -79,11 +84,11 @@ class Router:
         if reason is not None:
             self._note_refusal(cls, plan.op_name, reason, sglang_forward)
             return sglang_forward
-        forward = plan.bridge.bind(
-            layer, plan.resolution.fn, sglang_forward, self._handoff(cls, sglang_forward)
-        )
+        chosen = plan.resolution.decision.chosen
+        fn = self.verifier.wrap(plan.resolution.fn, chosen, _qualname(cls))  # fn if verify off
+        forward = plan.bridge.bind(layer, fn, sglang_forward, self._handoff(cls, sglang_forward))
         # SGLang's fused-op trace labels a cached forward by its name: make it say who runs.
-        impl_id = plan.resolution.decision.chosen.impl_id
+        impl_id = chosen.impl_id
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
         forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
         return forward
