@@ -144,6 +144,17 @@ def test_budget_is_per_layer_class_across_instances_then_the_call_goes_straight_
     assert len(calls) == 5  # the implementation runs once per call, checked or not
 
 
+def test_calls_traced_by_torch_compile_are_not_checked_and_spend_no_budget() -> None:
+    sink = Sink()
+    verified = Verifier(1, None, sink).wrap(bf16_accumulating_rms_norm, impl(None), LABEL)
+    obj, x = norm_layer(), sample()
+    compiled = torch.compile(lambda t: verified(obj, t), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), bf16_accumulating_rms_norm(obj, x))
+    assert sink == []
+    verified(obj, x)  # the first eager call is the one checked
+    assert [r["verdict"] for r in sink] == [VerifyVerdict.FAIL]
+
+
 def test_in_place_results_are_compared_even_when_the_outputs_are_right() -> None:
     """A rotary kernel that returns the right tensors but leaves garbage in ``query``."""
 

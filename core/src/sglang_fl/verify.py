@@ -133,6 +133,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
 # -- the wrapper ---------------------------------------------------------------------------------
 
 
+def _tracing_or_capturing() -> bool:
+    """Whether this call is traced by torch.compile or captured into a CUDA graph: a check there
+    would be baked into the graph, or synchronise with the host, which capture forbids. Such
+    calls run unchecked and spend no budget; replays of a graph never reach Python at all."""
+    return torch.compiler.is_compiling() or (
+        torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    )
+
+
 def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
@@ -205,7 +214,8 @@ class Verifier:
             budget.instances += 1
 
         def verified(*args: Any, **kwargs: Any) -> Any:
-            if budget.left <= 0:  # the whole per-call cost once the class's budget is spent
+            # Once the class's budget is spent, this comparison is the whole per-call cost.
+            if budget.left <= 0 or _tracing_or_capturing():
                 return fn(*args, **kwargs)
             with self._lock:
                 if budget.left <= 0:
