@@ -181,22 +181,31 @@ def _gen() -> torch.Generator:
     return torch.Generator().manual_seed(1)
 
 
-def test_wrong_shape_and_uncheckable_dtype_are_reported_not_raised() -> None:
+def test_uncheckable_dtype_and_wrong_shape_are_reported_not_raised(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="sglang_fl.verify")
     sink = Sink()
-    verifier = Verifier(1, None, sink)
-    wrong_shape = verifier.wrap(lambda obj, x, residual=None: x[:, :3], impl(None), "A")
-    wrong_shape(norm_layer(), sample())
+    verifier = Verifier(2, None, sink)
     # float64 is not one of the contract's dtypes: the reference cannot judge it.
     float64 = verifier.wrap(RMS_NORM.reference, impl(None), "B")
     float64(
         layer(weight=torch.ones(64, dtype=torch.float64), variance_epsilon=1e-6),
         sample(dtype=torch.float64),
     )
-    shape_record, dtype_record = sink
-    assert shape_record["verdict"] is VerifyVerdict.FAIL
-    assert shape_record["problem"] == "output has shape (5, 3), expected (5, 64)"
+    wrong_shape = verifier.wrap(lambda obj, x, residual=None: x[:, :3], impl(None), "A")
+    for _ in range(2):
+        wrong_shape(norm_layer(), sample())
+    dtype_record, shape_record, _ = sink
     assert dtype_record["verdict"] is VerifyVerdict.UNCHECKED
     assert "no tolerance for dtype torch.float64" in dtype_record["problem"]
+    assert shape_record["verdict"] is VerifyVerdict.FAIL
+    assert shape_record["problem"] == "output has shape (5, 3), expected (5, 64)"
+    # One warning each: the unchecked call does not hide the op's first violation.
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "op rms_norm" in messages[0]
+    assert "could not be checked" in messages[0]
+    assert "op rms_norm" in messages[1]
+    assert "violates the contract's tolerance" in messages[1]
 
 
 def test_an_exception_of_the_implementation_propagates_without_a_record() -> None:

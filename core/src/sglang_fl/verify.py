@@ -193,7 +193,7 @@ class Verifier:
         self.ops = None if ops is None else frozenset(ops)
         self.sink = sink
         self._budgets: dict[str, _Budget] = {}
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, VerifyVerdict]] = set()
         self._lock = threading.Lock()
 
     def enabled_for(self, op_name: str) -> bool:
@@ -313,10 +313,12 @@ class Verifier:
         return _judge(compared, tolerance)
 
     def _warn_once(self, record: VerifyRecordJson) -> None:
+        """The first violation of each op, and the first unchecked call of each, are logged."""
+        key = (record["op"], record["verdict"])
         with self._lock:
-            if record["op"] in self._warned:
+            if key in self._warned:
                 return
-            self._warned.add(record["op"])
+            self._warned.add(key)
         _log.warning(
             "sglang-fl verify: op %s, implementation %s (%s %s), %s in %s #%d (%s %s): %s "
             "(logged once per op; see the dispatch log's verify records)",

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..._strenum import StrEnum
+from ...verify import VERIFY_EVENT
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
@@ -34,7 +35,7 @@ class ReportEvent(StrEnum):
     LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
     HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
     FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
-    VERIFY = "verify"  # verify mode checked one routed call against the op's reference
+    VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
 
 
 class Runner(StrEnum):
