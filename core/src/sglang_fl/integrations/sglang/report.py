@@ -3,9 +3,10 @@
 Each process that loads the plugin writes one ``plugin`` record, then one ``layer`` record the
 first time SGLang resolves a fused-op class there, and one ``handoff`` record the first time a
 call is handed back to SGLang's own path; in verify mode (``SGLANG_FL_VERIFY``), one ``verify``
-record per checked call (:mod:`sglang_fl.verify`). Records are logged at INFO in the first rank (DEBUG
-elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all
-carry ``pid``, so the spawned scheduler workers' choices are visible from outside.
+record per checked call (:mod:`sglang_fl.verify`). Records are logged at INFO in the first
+rank (DEBUG elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON
+lines that all carry ``pid``, so the spawned scheduler workers' choices are visible from
+outside.
 """
 
 from __future__ import annotations
