@@ -205,6 +205,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
     from sglang.kernels.spec import KernelBackend
 
     from sglang_fl import get_runtime
+    from sglang_fl.integrations.sglang.plugin import get_router
 
     op_name = CASES[case]
     dtype = DTYPES[dtype_name]
@@ -221,6 +222,14 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
             f"{forward!r}); see the sglang-fl dispatch report"
         )
     diffs = check_same_math(case, inputs, layer, KernelBackend.TORCH)
+    router = get_router()
+    assert router is not None  # route_sglang_layers() checked it
+    # With verify off (this environment), the verifier hands the bridge the chosen callable
+    # itself: the routed layer below is exactly what it is without verify mode.
+    verify_off_is_fn = (
+        router.verifier.calls == 0
+        and router.verifier.wrap(resolution.fn, resolution.decision.chosen, case) is resolution.fn
+    )
     variants = {
         "bound_fallback": Call(fallback_chain(op_name), inputs.op_args),
         "bound": Call(resolution.fn, inputs.op_args),
@@ -245,6 +254,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
         "dtype": dtype_name,
         "chosen": resolution.decision.chosen.impl_id,
         "bound_is_chosen_fn": resolution.fn is reference,
+        "verify_off_is_fn": verify_off_is_fn,
         "iterations_per_batch": samples["direct"].iterations,
         "repetitions": len(samples["direct"].per_call_ns),
         "median_ns": {name: samples[name].median_ns for name in VARIANTS},
@@ -274,6 +284,17 @@ def _noop_rms_norm(obj: Any, x: Any, residual: Any = None) -> Any:
     return x
 
 
+def _verify_spent(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` wrapped by verify mode (one checked call per layer class), that call spent."""
+    from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+    from sglang_fl.verify import Verifier
+
+    impl = OpImpl(op_name="rms_norm", impl_id="bench.noop", kind=BackendImplKind.VENDOR, fn=fn)
+    wrapped = Verifier(1, None, lambda record: None).wrap(fn, impl, "bench.Norm")
+    wrapped(None, 1, 2)  # the one checked call (no tensors: recorded as unchecked)
+    return wrapped
+
+
 def dispatch_overhead(repetitions: int) -> dict[str, Any]:
     """Nanoseconds the fallback closure adds per call, on implementations that do nothing.
 
@@ -288,9 +309,13 @@ def dispatch_overhead(repetitions: int) -> dict[str, Any]:
         "rms_norm_direct": Call(_noop_rms_norm, rms_args),
         "rms_norm_fallback": Call(fallback_chain("rms_norm", _noop_rms_norm), rms_args),
     }
+    variants["rms_norm_verify_spent"] = Call(_verify_spent(_noop_rms_norm), rms_args)
     samples = interleaved(variants, repetitions=repetitions, batch_ns=200_000)
     return {
         "median_ns": {name: s.median_ns for name, s in samples.items()},
+        # What a verified layer class costs per call once its checked calls are spent.
+        "verify_spent_ns": samples["rms_norm_verify_spent"].median_ns
+        - samples["rms_norm_direct"].median_ns,
         "closure_ns": {
             "rotary_embedding (8 args)": samples["rotary_fallback"].median_ns
             - samples["rotary_direct"].median_ns,

@@ -62,6 +62,20 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": value <= target,
             }
         )
+    verify_off = [r for r in rows if "verify_off_is_fn" in r]
+    if verify_off:
+        lines.append(
+            {
+                "target": "verify off: the forward bound is the chosen implementation itself",
+                "limit": None,
+                "worst": None,
+                "worst_row": (
+                    f"same object in {sum(r['verify_off_is_fn'] for r in verify_off)}/"
+                    f"{len(verify_off)} rows: the 'routed layer' column is the verify-off cost"
+                ),
+                "met": all(r["verify_off_is_fn"] for r in verify_off),
+            }
+        )
     same = [r for r in rows if r["bound_is_chosen_fn"]]
     if same:
         # ``bound`` is the very function ``direct`` calls: any difference is the machine's noise.
@@ -180,10 +194,17 @@ def _overhead_line(result: dict[str, Any]) -> str:
     if not overhead:
         return ""
     parts = ", ".join(f"{op}: +{ns:.0f} ns" for op, ns in overhead["closure_ns"].items())
-    return (
+    line = (
         "The fallback closure (what `bound+fallback` adds over a direct call), measured on "
         f"implementations that do nothing: {parts} per call.\n"
     )
+    if "verify_spent_ns" in overhead:
+        line += (
+            "Verify mode on, once a layer class's checked calls are spent (`SGLANG_FL_VERIFY=N`"
+            f" after N calls), on the same no-op rms_norm: +{overhead['verify_spent_ns']:.0f} "
+            "ns per call; with verify off nothing is added (the same object is bound).\n"
+        )
+    return line
 
 
 def markdown(result: dict[str, Any], plot_path: str | None) -> str:

@@ -59,6 +59,8 @@ def test_every_documented_variable_exists():
         "SGLANG_FL_DISABLE_PLUGINS",
         "SGLANG_FL_DISPATCH_LOG",
         "SGLANG_FL_PLUGIN_TIMEOUT",
+        "SGLANG_FL_VERIFY",
+        "SGLANG_FL_VERIFY_OPS",
         "SGLANG_FL_TRACE",
     }
 
@@ -231,6 +233,8 @@ disable_plugins = ["old"]
 dispatch_log = "/tmp/x.jsonl"
 plugin_timeout = 5
 trace = "yes"
+verify = 4
+verify_ops = ["rms_norm"]
 
 [per_op]
 rms_norm = ["reference"]
@@ -248,6 +252,7 @@ silu_and_mul = "vendor,reference"
     assert s.dispatch_log == Path("/tmp/x.jsonl")
     assert s.plugin_timeout == 5.0
     assert s.trace is True
+    assert (s.verify, s.verify_ops) == (4, ("rms_norm",))
     assert dict(s.per_op) == {
         "rms_norm": (OrderToken("reference"),),
         "silu_and_mul": (OrderToken("vendor"), OrderToken("reference")),

@@ -9,13 +9,11 @@ directory of its own that the engine subprocess gets on ``PYTHONPATH``; the SGLa
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-__all__ = ["build_probe_wheel", "install_probe"]
+from sglang_processes import install_wheel_from_source
 
-_PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+__all__ = ["probe_vendor_site"]
 
 VENDOR_MODULE = '''
 """A throwaway vendor: the reference math, recording in which process each op first ran."""
@@ -80,26 +78,12 @@ probe = "sglang_fl_probe"
 """
 
 
-def build_probe_wheel(root: Path) -> Path:
-    """Build the probe vendor's wheel under ``root``; returns the wheel."""
+def probe_vendor_site(root: Path) -> Path:
+    """Build the probe vendor as a real wheel under ``root`` and pip-install it into a directory
+    of its own, returned: put it on ``PYTHONPATH`` beside the engine."""
     source = root / "src"
     (source / "sglang_fl_probe").mkdir(parents=True)
     (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
     (source / "sglang_fl_probe" / "platform.py").write_text(VENDOR_PLATFORM_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    wheels = root / "wheels"
-    subprocess.run(
-        [*_PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    return wheel
-
-
-def install_probe(wheel: Path, site: Path) -> Path:
-    """pip-install ``wheel`` into the directory ``site`` (put it on ``PYTHONPATH``)."""
-    subprocess.run(
-        [*_PIP, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300
-    )
-    return site
+    return install_wheel_from_source(source, root)

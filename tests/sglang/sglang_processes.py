@@ -75,6 +75,25 @@ def run_engine(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def install_wheel_from_source(source: Path, root: Path) -> Path:
+    """Build ``source`` (a project with a pyproject.toml) into a real wheel and pip-install it
+    into a directory of its own, returned: put it on ``PYTHONPATH`` beside SGLang."""
+    wheels, site = root / "wheels", root / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
+        check=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    return site
+
+
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe_vendor import build_probe_wheel, install_probe
+from probe_vendor import probe_vendor_site
 from sglang_processes import (
     STANDARD_LAYERS,
     clean_env,
@@ -172,7 +172,7 @@ def test_http_server_completions_return_the_same_tokens(
 def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The probe vendor built as a real wheel and pip-installed into a directory of its own."""
     root = tmp_path_factory.mktemp("probe-vendor")
-    return install_probe(build_probe_wheel(root), root / "site")
+    return probe_vendor_site(root)
 
 
 def test_vendor_wheel_is_called_inside_the_scheduler(

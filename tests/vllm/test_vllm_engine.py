@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe_vendor import build_probe_wheel, install_probe
+from probe_vendor import probe_vendor_site
 from tiny_models import build_tiny_model, hf_greedy
 
 from sglang_fl.dispatch_report import read_log
@@ -98,7 +98,7 @@ def test_engine_generates_what_transformers_generates(
 def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The probe vendor (the SGLang tests' own) built as a wheel and pip-installed beside us."""
     root = tmp_path_factory.mktemp("probe-vendor")
-    return install_probe(build_probe_wheel(root), root / "site")
+    return probe_vendor_site(root)
 
 
 def test_vendor_wheel_is_called_inside_the_worker(

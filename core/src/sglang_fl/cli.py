@@ -46,6 +46,7 @@ from .schema import (
     TorchReport,
     provenance_fields,
 )
+from .verify import read_verify_records, summarize
 
 
 def _runtime() -> Runtime:
@@ -418,6 +419,55 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def cmd_verify_report(args: argparse.Namespace) -> int:
+    summary = summarize(read_verify_records(args.log), args.log)
+
+    def text() -> str:
+        rows = [
+            (
+                row["op"],
+                row["impl_id"],
+                f"{row['distribution']} {row['version']}",
+                row["calls_checked"],
+                row["calls_failed"],
+                _number(row["max_abs_error"]),
+                _number(row["max_rel_error"]),
+                f"{row['worst_dtype']} atol={_number(row['atol'])} rtol={_number(row['rtol'])}",
+                row["verdict"],
+                row["first_offending_layer"] or "-",
+            )
+            for row in summary["rows"]
+        ]
+        header = (
+            "op",
+            "impl_id",
+            "provenance",
+            "checked",
+            "failed",
+            "max abs",
+            "max rel",
+            "tolerance (worst call)",
+            "verdict",
+            "first offending layer",
+        )
+        lines = [format_table(rows, header)]
+        for row in summary["rows"]:
+            if row["first_problem"]:
+                lines.append(f"{row['op']} {row['impl_id']}: {row['first_problem']}")
+            elif row["calls_unchecked"]:
+                lines.append(f"{row['op']} {row['impl_id']}: {row['calls_unchecked']} unchecked")
+        verdict = f"{summary['violations']} implementation(s) out of tolerance"
+        lines.append(verdict if summary["violations"] else "every checked call within tolerance")
+        return "\n".join(lines)
+
+    _emit(args, summary, text)
+    return 1 if summary["violations"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-fl",
@@ -442,6 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
     command("doctor", cmd_doctor, "environment, configuration and plugin problems")
     hooks = command("hooks", cmd_hooks, "every hook, its implementations in call order, answers")
     hooks.add_argument("hook", nargs="?", help="only this hook")
+    verify = command(
+        "verify-report",
+        cmd_verify_report,
+        "verify mode's findings in a dispatch log, per op and implementation (exit 1: violation)",
+    )
+    verify.add_argument(
+        "log", help="the SGLANG_FL_DISPATCH_LOG file of a run with SGLANG_FL_VERIFY"
+    )
     scaffold.add_cli(sub)
     return parser
 

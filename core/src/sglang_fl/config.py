@@ -21,6 +21,7 @@ from .dispatch.types import BackendImplKind, OpImpl
 from .errors import ConfigError
 from .ops import STANDARD_OPS, unknown_op_message
 from .schema import ConfigurationJson
+from .verify import DEFAULT_VERIFY_CALLS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -203,6 +204,34 @@ def _parse_path(raw: Any, where: str) -> Path | None:
     return Path(raw).expanduser() if raw.strip() else None
 
 
+def _parse_verify(raw: Any, where: str) -> int:
+    """Calls to check per layer class: a count (``0`` = off), or on/off words."""
+    if isinstance(raw, bool):
+        return DEFAULT_VERIFY_CALLS if raw else 0
+    if isinstance(raw, int) and raw >= 0:
+        return raw
+    text = raw.strip().lower() if isinstance(raw, str) else None
+    if text is not None and text.isdigit():
+        return int(text)
+    if text is not None and text in _TRUE - {"1"}:
+        return DEFAULT_VERIFY_CALLS
+    if text is not None and text in _FALSE:
+        return 0
+    raise ConfigError(
+        f"{where}={raw!r}: expected the number of calls to check per layer class (0 = off) "
+        f"or on/true/yes ({DEFAULT_VERIFY_CALLS} calls), off/false/no"
+    )
+
+
+def _parse_ops(raw: Any, where: str) -> tuple[str, ...] | None:
+    """Standard op names (comma list or TOML list); empty means every op."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"{where}={raw!r}: expected a comma-separated list of op names")
+    names = tuple(_check_op(str(item).strip(), where) for item in items if str(item).strip())
+    return names or None
+
+
 @dataclass(frozen=True)
 class _Setting:
     key: str
@@ -264,6 +293,14 @@ SETTINGS: tuple[_Setting, ...] = (
         False,
         "pluggy's hook-call trace, each line with the pid: 1 = stderr, a path = append to file",
     ),
+    _Setting(
+        "verify",
+        _parse_verify,
+        0,
+        "check routed calls against the op's reference: calls per layer class (0 = off, "
+        f"on = {DEFAULT_VERIFY_CALLS}); results in the dispatch log",
+    ),
+    _Setting("verify_ops", _parse_ops, None, "only these ops are verified (unset = all)"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -282,6 +319,8 @@ class Settings:
     dispatch_log: Path | None = None
     plugin_timeout: float = 60.0
     trace: bool | Path = False
+    verify: int = 0
+    verify_ops: tuple[str, ...] | None = None
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 

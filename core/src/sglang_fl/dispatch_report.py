@@ -3,9 +3,10 @@
 Shared by the SGLang and vLLM integrations. Each process that loads the plugin writes one
 ``plugin`` record, then one ``layer`` record the first time the engine resolves a fused-op
 class there, and one ``handoff`` record the first time a call is handed back to the engine's
-own path. Records are logged at INFO in the first rank (DEBUG
-elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all
-carry ``pid``, so the spawned scheduler workers' choices are visible from outside.
+own path; in verify mode (``SGLANG_FL_VERIFY``), one ``verify`` record per checked call
+(:mod:`sglang_fl.verify`). Records are logged at INFO in the first rank (DEBUG elsewhere) and,
+with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all carry ``pid``, so
+the spawned scheduler workers' choices are visible from outside.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
 from .errors import ConfigError
+from .verify import VERIFY_EVENT
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
 
@@ -37,6 +39,7 @@ class ReportEvent(StrEnum):
     LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
     HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
     FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
+    VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
 
 
 class Runner(StrEnum):

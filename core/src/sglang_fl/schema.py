@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .dispatch.resolve import CandidateOutcome
     from .dispatch.types import BackendImplKind, OpImpl, Provenance
     from .loader import PluginStatus
+    from .verify import VerifyVerdict
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -32,6 +33,9 @@ __all__ = [
     "ProvenanceFields",
     "SettingJson",
     "TorchReport",
+    "VerifyRecordJson",
+    "VerifySummaryPayload",
+    "VerifySummaryRow",
     "impl_fields",
     "provenance_fields",
 ]
@@ -161,6 +165,58 @@ class DoctorPayload(TypedDict):
     configuration: ConfigurationJson
     plugins: dict[str, list[str]]  # PluginStatus value -> plugin names
     problems: list[str]
+
+
+class VerifyRecordJson(ImplFields):
+    """A dispatch-report ``verify`` record's own fields: one checked call of a routed op.
+
+    ``layer`` is the layer class, ``instance`` its n-th instance bound in the process (0 first),
+    ``call`` the n-th checked call of that class; ``dtype``/``shape`` are the first tensor
+    input's; errors are the worst over every compared tensor (``worst`` names it); ``atol`` and
+    ``rtol`` are the contract's tolerance for ``dtype``; ``problem`` says why a call failed or
+    could not be checked.
+    """
+
+    op: str
+    layer: str
+    instance: int
+    call: int
+    dtype: str | None
+    shape: list[int] | None
+    max_abs_error: float | None
+    max_rel_error: float | None
+    atol: float | None
+    rtol: float | None
+    worst: str | None
+    verdict: VerifyVerdict
+    problem: str | None
+
+
+class VerifySummaryRow(TypedDict):
+    """``verify-report``: one op and implementation over a whole dispatch log."""
+
+    op: str
+    impl_id: str
+    distribution: str | None
+    version: str | None
+    calls_checked: int
+    calls_failed: int
+    calls_unchecked: int
+    max_abs_error: float | None
+    max_rel_error: float | None
+    worst_dtype: str | None  # dtype of the call with the largest absolute error
+    atol: float | None  # the tolerance for that dtype
+    rtol: float | None
+    verdict: VerifyVerdict
+    first_offending_layer: str | None  # ``<layer class> #<instance> (pid <pid>)``
+    first_problem: str | None
+
+
+class VerifySummaryPayload(TypedDict):
+    schema_version: int
+    log: str
+    rows: list[VerifySummaryRow]
+    violations: int  # rows whose verdict is ``fail``
 
 
 def provenance_fields(provenance: Provenance | None) -> ProvenanceFields:

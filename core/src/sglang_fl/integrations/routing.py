@@ -23,6 +23,7 @@ from ..dispatch_report import DispatchReport, ReportEvent, Runner
 from ..errors import NoImplementationError
 from ..runtime import Runtime
 from ..schema import impl_fields
+from ..verify import Verifier
 
 __all__ = [
     "Bridge",
@@ -183,6 +184,10 @@ class LayerRouter:
         self._reported: set[tuple[ReportEvent, type, str]] = set()
         self._lock = threading.RLock()
         reset_locks_in_child(self)
+        config = runtime.config
+        self.verifier = Verifier(
+            config.verify, config.verify_ops, lambda rec: report.emit(ReportEvent.VERIFY, **rec)
+        )
 
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.RLock()
@@ -231,6 +236,27 @@ class LayerRouter:
                 fields.update(runner=self.runner, reason=reason)
             self.report.emit(ReportEvent.LAYER, **fields)
             return plan
+
+    def _bind(
+        self, layer: Any, bridge: Bridge, resolution: Resolution, engine_forward: Forward
+    ) -> Forward:
+        """The forward ``layer`` keeps: a bridge to the chosen implementation, or the engine's.
+
+        The one place where a chosen implementation reaches a layer, in either engine: wrappers
+        that observe or compile it (verify mode) are applied here, once per layer.
+        """
+        cls = type(layer)
+        reason = bridge.refuse_instance(layer)
+        if reason is not None:
+            self._note_refusal(cls, bridge.op_name, reason, engine_forward)
+            return engine_forward
+        chosen = resolution.decision.chosen
+        fn = self.verifier.wrap(resolution.fn, chosen, qualname(cls))  # fn itself if verify off
+        forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
+        # Engines' traces label a cached forward by its name: make it say who runs.
+        forward.__name__ = forward.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
+        forward.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
+        return forward
 
     def _note_refusal(
         self, cls: type, op_name: str | None, reason: str, engine_forward: Forward

@@ -24,6 +24,7 @@ from ..errors import Unsupported
 from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
 from ..runtime import Runtime, get_runtime
+from ..verify import deviation, structure_problem
 
 __all__ = [
     "FAILED",
@@ -173,30 +174,19 @@ def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cp
 
 def compare(got: object, want: torch.Tensor, tolerance: Tolerance, what: str) -> str | None:
     """Why ``got`` is not ``want`` within ``tolerance`` (with max abs/rel error), or ``None``."""
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, expected a tensor"
-    if got.shape != want.shape:
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    if got.dtype != want.dtype:
-        return f"{what} has dtype {dtype_name(got.dtype)}, expected {dtype_name(want.dtype)}"
-    if got.device != want.device:
-        return f"{what} is on {got.device}, expected {want.device}"
-    g = got.detach().to("cpu", torch.float64)
-    w = want.detach().to("cpu", torch.float64)
-    error = (g - w).abs()
-    bound = tolerance.atol + tolerance.rtol * w.abs()
-    bad = ~(error <= bound)  # NaN compares false: a NaN output is out of tolerance
-    if not bool(bad.any()):
+    problem = structure_problem(got, want, what)
+    if problem is not None:
+        return problem
+    assert isinstance(got, torch.Tensor)
+    dev = deviation(got, want, tolerance)
+    if dev.within:
         return None
-    error = torch.nan_to_num(error, nan=float("inf"))
-    nonzero = w != 0
-    max_rel = (error[nonzero] / w[nonzero].abs()).max().item() if nonzero.any() else float("inf")
-    worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(error - bound), error.shape))
+    worst = dev.worst or ()
     return (
-        f"{what}: max abs error {error.max().item():.3g}, max rel error {max_rel:.3g} "
-        f"(atol={tolerance.atol:g}, rtol={tolerance.rtol:g}); {int(bad.sum())} of "
-        f"{bad.numel()} elements out of tolerance; worst at {list(worst)}: "
-        f"got {g[worst].item():.6g}, want {w[worst].item():.6g}"
+        f"{what}: max abs error {dev.max_abs:.3g}, max rel error {dev.max_rel:.3g} "
+        f"(atol={tolerance.atol:g}, rtol={tolerance.rtol:g}); {dev.out_of_tolerance} of "
+        f"{dev.elements} elements out of tolerance; worst at {list(worst)}: "
+        f"got {got[worst].item():.6g}, want {want[worst].item():.6g}"
     )
 
 

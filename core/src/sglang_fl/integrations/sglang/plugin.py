@@ -48,18 +48,7 @@ class Router(LayerRouter):
         plan = self._plans.get(cls) or self._plan(cls, sglang_forward)
         if plan.resolution is None or plan.bridge is None:
             return sglang_forward
-        reason = plan.bridge.refuse_instance(layer)
-        if reason is not None:
-            self._note_refusal(cls, plan.op_name, reason, sglang_forward)
-            return sglang_forward
-        forward = plan.bridge.bind(
-            layer, plan.resolution.fn, sglang_forward, self._handoff(cls, sglang_forward)
-        )
-        # SGLang's fused-op trace labels a cached forward by its name: make it say who runs.
-        impl_id = plan.resolution.decision.chosen.impl_id
-        forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
-        forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
-        return forward
+        return self._bind(layer, plan.bridge, plan.resolution, sglang_forward)
 
 
 _router: Router | None = None

@@ -23,10 +23,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...dispatch.resolve import Resolution
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...runtime import Runtime, get_runtime
-from ..routing import Bridge, Forward, LayerRouter
+from ..routing import Forward, LayerRouter
 from .bridges import BRIDGES
 from .compat import DISPATCH_TARGET, VllmApi, find_vllm_api
 from .ir_providers import PROVIDER as IR_PROVIDER
@@ -72,21 +71,6 @@ class VllmRouter(LayerRouter):
             return forward(*args, **kwargs)
 
         return bind_on_first_call
-
-    def _bind(
-        self, layer: Any, bridge: Bridge, resolution: Resolution, vllm_forward: Forward
-    ) -> Forward:
-        """The forward ``layer`` keeps: a bridge to the chosen implementation, or vLLM's own."""
-        cls = type(layer)
-        reason = bridge.refuse_instance(layer)
-        if reason is not None:
-            self._note_refusal(cls, bridge.op_name, reason, vllm_forward)
-            return vllm_forward
-        forward = bridge.bind(layer, resolution.fn, vllm_forward, self._handoff(cls, vllm_forward))
-        impl_id = resolution.decision.chosen.impl_id
-        forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
-        forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
-        return forward
 
 
 _router: VllmRouter | None = None
