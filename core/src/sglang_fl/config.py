@@ -231,6 +231,13 @@ SETTINGS: tuple[_Setting, ...] = (
         False,
         "pluggy's hook-call trace, each line with the pid: 1 = stderr, a path = append to file",
     ),
+    _Setting(
+        "custom_ops",
+        _parse_bool,
+        True,
+        "under torch.compile, routed ops are torch.library custom ops sglang_fl::<op> "
+        "(eager calls run the implementation directly)",
+    ),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -248,6 +255,7 @@ class Settings:
     disable_plugins: tuple[str, ...] = ()
     dispatch_log: Path | None = None
     trace: bool | Path = False
+    custom_ops: bool = True
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 

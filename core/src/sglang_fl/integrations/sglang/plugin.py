@@ -23,6 +23,7 @@ from typing import Any
 
 from ...dispatch.resolve import Resolution
 from ...errors import NoImplementationError
+from ...graph import graph_safe
 from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from .bridges import BRIDGES, Bridge
@@ -79,11 +80,12 @@ class Router:
         if reason is not None:
             self._note_refusal(cls, plan.op_name, reason, sglang_forward)
             return sglang_forward
-        forward = plan.bridge.bind(
-            layer, plan.resolution.fn, sglang_forward, self._handoff(cls, sglang_forward)
-        )
-        # SGLang's fused-op trace labels a cached forward by its name: make it say who runs.
         impl_id = plan.resolution.decision.chosen.impl_id
+        fn = graph_safe(
+            plan.resolution.op, plan.resolution.fn, impl_id, enabled=self.runtime.config.custom_ops
+        )
+        forward = plan.bridge.bind(layer, fn, sglang_forward, self._handoff(cls, sglang_forward))
+        # SGLang's fused-op trace labels a cached forward by its name: make it say who runs.
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{impl_id}]"
         forward.sglang_fl_impl_id = impl_id  # type: ignore[attr-defined]
         return forward
