@@ -12,7 +12,10 @@ For each op, shape and dtype one interleaved run times six variants on the same 
 - ``torch_layer``: the same layer called with ``backend=KernelBackend.TORCH`` (SGLang's own
   ``forward_native`` through ``BaseFusedOp.forward``);
 - ``forward_native``: SGLang's ``forward_native`` method called directly (same math as the
-  reference, no dispatch).
+  reference, no dispatch);
+- ``routed_plain``: a second instance of the layer whose forward is the same bridge bound to the
+  chosen implementation itself, without the graph-safe wrapper (``SGLANG_FL_CUSTOM_OPS=0``):
+  ``routed_layer/routed_plain`` is what having the custom ops available costs an eager call.
 
 Runs in an environment with SGLang and the sglang-fl wheels installed (``nox -s bench``).
 """
@@ -48,6 +51,7 @@ VARIANTS = (
     "routed_layer",
     "torch_layer",
     "forward_native",
+    "routed_plain",
 )
 
 
@@ -200,8 +204,19 @@ def route_sglang_layers() -> str:
     return getattr(sglang, "__version__", "unknown")
 
 
+def bind_without_custom_ops(case: str, layer: Any, fn: Callable[..., Any]) -> None:
+    """Bind ``layer`` as sglang-fl's router does with ``SGLANG_FL_CUSTOM_OPS=0``: the op's
+    bridge around ``fn`` itself, with no graph-safe wrapper in between."""
+    from sglang_fl.integrations.sglang.bridges import BRIDGES
+
+    def handoff(reason: str) -> None:
+        raise RuntimeError(f"{case}: the benchmark call was handed to SGLang ({reason})")
+
+    layer._forward_method = BRIDGES[CASES[case]].bind(layer, fn, layer.forward_native, handoff)
+
+
 def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> dict[str, Any]:
-    """All six variants of one case, one interleaved run; medians, ratios, numerics check."""
+    """All variants of one case, one interleaved run; medians, ratios, numerics check."""
     from sglang.kernels.spec import KernelBackend
 
     from sglang_fl import get_runtime
@@ -220,8 +235,13 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
             f"{type(layer).__name__} was not routed through sglang-fl (cached forward: "
             f"{forward!r}); see the sglang-fl dispatch report"
         )
+    if not get_runtime().config.custom_ops:
+        raise RuntimeError("SGLANG_FL_CUSTOM_OPS is off: routed_layer would equal routed_plain")
+    plain = make_case(case, tokens, dtype)
+    bind_without_custom_ops(case, plain.layer, resolution.fn)
     diffs = check_same_math(case, inputs, layer, KernelBackend.TORCH)
     variants = {
+        "routed_plain": Call(plain.layer, plain.layer_args),
         "bound_fallback": Call(fallback_chain(op_name), inputs.op_args),
         "bound": Call(resolution.fn, inputs.op_args),
         "direct": Call(reference, inputs.op_args),
@@ -236,6 +256,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
         "bound_fallback/direct": ("bound_fallback", "direct"),
         "routed_layer/torch_layer": ("routed_layer", "torch_layer"),
         "direct/forward_native": ("direct", "forward_native"),
+        "routed_layer/routed_plain": ("routed_layer", "routed_plain"),
     }
     return {
         "case": case,
@@ -280,9 +301,12 @@ def dispatch_overhead(repetitions: int) -> dict[str, Any]:
     On real kernels this cost drowns in the kernel's own time and the machine's noise; on a
     no-op it is the whole difference. Arguments as the bridges pass them (all positional).
     """
+    from sglang_fl.graph import graph_safe
+
     rotary_args = (None, 1, 2, 3, 4, 5, False, True)
     rms_args = (None, 1, 2)
     variants = {
+        "rms_norm_graph_safe": Call(graph_safe("rms_norm", _noop_rms_norm, "bench.noop"), rms_args),
         "rotary_direct": Call(_noop_rotary, rotary_args),
         "rotary_fallback": Call(fallback_chain("rotary_embedding", _noop_rotary), rotary_args),
         "rms_norm_direct": Call(_noop_rms_norm, rms_args),
@@ -295,6 +319,11 @@ def dispatch_overhead(repetitions: int) -> dict[str, Any]:
             "rotary_embedding (8 args)": samples["rotary_fallback"].median_ns
             - samples["rotary_direct"].median_ns,
             "rms_norm (3 args)": samples["rms_norm_fallback"].median_ns
+            - samples["rms_norm_direct"].median_ns,
+        },
+        # The graph-safe wrapper's eager path: one frame and torch.compiler.is_compiling().
+        "graph_safe_ns": {
+            "rms_norm (3 args)": samples["rms_norm_graph_safe"].median_ns
             - samples["rms_norm_direct"].median_ns,
         },
     }
@@ -321,6 +350,7 @@ def run(*, repetitions: int = 31, quick: bool = False) -> dict[str, Any]:
                     f"bound {r['bound/direct']:.3f}x  fallback {r['bound_fallback/direct']:.3f}x  "
                     f"routed/torch {r['routed_layer/torch_layer']:.3f}x  "
                     f"ref/native {r['direct/forward_native']:.3f}x  "
+                    f"custom ops on/off {r['routed_layer/routed_plain']:.3f}x  "
                     f"(cpu: {c['bound/direct']:.3f} {c['bound_fallback/direct']:.3f} "
                     f"{c['routed_layer/torch_layer']:.3f} {c['direct/forward_native']:.3f})",
                     flush=True,
@@ -328,7 +358,9 @@ def run(*, repetitions: int = 31, quick: bool = False) -> dict[str, Any]:
     overhead = dispatch_overhead(repetitions)
     print(
         "  fallback closure on no-op implementations: "
-        + ", ".join(f"{op} +{ns:.0f} ns" for op, ns in overhead["closure_ns"].items()),
+        + ", ".join(f"{op} +{ns:.0f} ns" for op, ns in overhead["closure_ns"].items())
+        + "; graph-safe wrapper: "
+        + ", ".join(f"{op} +{ns:.0f} ns" for op, ns in overhead["graph_safe_ns"].items()),
         flush=True,
     )
     return {
