@@ -14,15 +14,33 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+@dataclass
+class LayerCase:
+    """One routed SGLang layer: how to call it and how to make its inputs.
 
-# A case: (the layer, the call on given inputs, inputs factory); the call returns the outputs.
-Case = tuple[Any, Callable[..., Any], Callable[[], tuple[Any, ...]]]
+    ``module`` is what moves to a device (``None``: a kernel function), ``bound`` the object
+    whose cached forward names the implementation, ``inputs(seed)`` fresh CPU inputs.
+    """
+
+    module: torch.nn.Module | None
+    bound: Any
+    call: Callable[..., Any]
+    inputs: Callable[[int], tuple[Any, ...]]
+
+    def to(self, device: str) -> LayerCase:
+        if self.module is not None:
+            self.module.to(device)
+        return self
+
+    def inputs_on(self, device: str, seed: int) -> tuple[Any, ...]:
+        return tuple(
+            t.to(device) if isinstance(t, torch.Tensor) else t for t in self.inputs(seed)
+        )
 
 
 def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -30,68 +48,70 @@ def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.T
     return torch.randn(*shape, generator=generator, dtype=torch.float32).to(dtype)
 
 
-def _call(layer: Any) -> Callable[..., Any]:
-    return lambda *inputs: layer(*inputs)
+def _layer(layer: torch.nn.Module, inputs: Callable[[int], tuple[Any, ...]]) -> LayerCase:
+    return LayerCase(layer, layer, lambda *args: layer(*args), inputs)
 
 
-def _activation(cls_name: str, *args: Any) -> Case:
+def _activation(cls_name: str, *args: Any) -> LayerCase:
     from sglang.srt.layers import activation
 
-    layer = getattr(activation, cls_name)(*args)
-    return layer, _call(layer), lambda: (randn(5, 64, seed=1),)
+    return _layer(getattr(activation, cls_name)(*args), lambda seed: (randn(5, 64, seed=seed),))
 
 
-def _norm(cls_name: str) -> Case:
+def _norm(cls_name: str, residual: bool) -> LayerCase:
     from sglang.srt.layers import layernorm
 
     layer = getattr(layernorm, cls_name)(64, eps=1e-6)
     with torch.no_grad():
         layer.weight.copy_(0.1 * randn(64, seed=7))
-    return layer, _call(layer), lambda: (randn(5, 64, seed=1), randn(5, 64, seed=2))
+    if not residual:
+        return _layer(layer, lambda seed: (randn(5, 64, seed=seed),))
+    return _layer(layer, lambda seed: (randn(5, 64, seed=seed), randn(5, 64, seed=seed + 1)))
 
 
-def _plain_norm() -> Case:
-    layer, call, _ = _norm("RMSNorm")
-    return layer, call, lambda: (randn(5, 64, seed=1),)
-
-
-def _layer_norm() -> Case:
+def _layer_norm() -> LayerCase:
     from sglang.srt.layers.layernorm import LayerNorm
 
     layer = LayerNorm(64, eps=1e-5, elementwise_affine=True, bias=True, dtype=torch.float32)
-    return layer, _call(layer), lambda: (randn(5, 64, seed=1),)
+    return _layer(layer, lambda seed: (randn(5, 64, seed=seed),))
 
 
-def _rope() -> Case:
+def _positions(shape: tuple[int, ...], limit: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, limit, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _rope() -> LayerCase:
     from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
     layer = RotaryEmbedding(32, 16, 256, 10000, True, torch.float32)  # partial rotary
-    return (
+    return _layer(
         layer,
-        _call(layer),
-        lambda: (torch.tensor([0, 3, 9, 200, 7]), randn(5, 4 * 32, seed=3), randn(5, 2 * 32, seed=4)),
+        lambda seed: (
+            _positions((5,), 256, seed),
+            randn(5, 4 * 32, seed=seed + 1),
+            randn(5, 2 * 32, seed=seed + 2),
+        ),
     )
 
 
-def _mrope() -> Case:
+def _mrope() -> LayerCase:
     from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
 
-    layer = MRotaryEmbedding(
-        64, 64, 512, 10000, True, torch.float32, mrope_section=[8, 12, 12]
-    )
-    positions = torch.randint(0, 500, (3, 5), generator=torch.Generator().manual_seed(5))
-    return (
+    layer = MRotaryEmbedding(64, 64, 512, 10000, True, torch.float32, mrope_section=[8, 12, 12])
+    return _layer(
         layer,
-        _call(layer),
-        lambda: (positions.clone(), randn(5, 4 * 64, seed=3), randn(5, 2 * 64, seed=4)),
+        lambda seed: (
+            _positions((3, 5), 512, seed),
+            randn(5, 4 * 64, seed=seed + 1),
+            randn(5, 2 * 64, seed=seed + 2),
+        ),
     )
 
 
-def _clamp_position() -> Case:
+def _clamp_position() -> LayerCase:
     from sglang.kernels.ops.attention.clamp_position import ClampPositionOp
 
-    layer = ClampPositionOp()
-    return layer, _call(layer), lambda: (torch.tensor([0, 1, 5, 17], dtype=torch.int64),)
+    return _layer(ClampPositionOp(), lambda seed: (_positions((4,), 9, seed),))
 
 
 def _publish_server_args() -> None:
@@ -106,7 +126,7 @@ def _publish_server_args() -> None:
     )
 
 
-def _topk() -> Case:
+def _topk() -> LayerCase:
     from sglang.srt.layers.moe.topk import TopK
 
     _publish_server_args()
@@ -116,52 +136,61 @@ def _topk() -> Case:
         output = layer(hidden, logits)
         return output.topk_weights, output.topk_ids
 
-    return layer, call, lambda: (randn(5, 64, seed=1), randn(5, 8, seed=2))
+    return LayerCase(
+        layer, layer, call, lambda seed: (randn(5, 64, seed=seed), randn(5, 8, seed=seed + 1))
+    )
 
 
-def _fused_moe() -> Case:
+def _fused_moe() -> LayerCase:
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     _publish_server_args()
-    layer = FusedMoE(
-        num_experts=8, hidden_size=64, intermediate_size=32, layer_id=0, top_k=2
-    )
+    layer = FusedMoE(num_experts=8, hidden_size=64, intermediate_size=32, layer_id=0, top_k=2)
     with torch.no_grad():
         layer.w13_weight.copy_(randn(*layer.w13_weight.shape, seed=5) / 8)
         layer.w2_weight.copy_(randn(*layer.w2_weight.shape, seed=6) / 6)
-    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5], [1.0, 0.0]])
-    ids = torch.tensor([[0, 3], [7, 3], [1, 2]], dtype=torch.int32)
 
-    def call(x: torch.Tensor) -> Any:
-        topk_output = StandardTopKOutput(weights, ids, torch.zeros(3, 8))
+    def call(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> Any:
+        topk_output = StandardTopKOutput(weights, ids, weights)
         dispatched = layer.dispatcher.dispatch(hidden_states=x, topk_output=topk_output)
         return layer.run_moe_core(dispatched).hidden_states
 
-    return layer.quant_method, call, lambda: (randn(3, 64, seed=1),)
+    def inputs(seed: int) -> tuple[Any, ...]:
+        weights = torch.rand(3, 2, generator=torch.Generator().manual_seed(seed))
+        ids = torch.randperm(8, generator=torch.Generator().manual_seed(seed))[:6]
+        return randn(3, 64, seed=seed), weights, ids.view(3, 2).to(torch.int32)
+
+    return LayerCase(layer, layer.quant_method, call, inputs)
 
 
-def _gate_function() -> Case:
+def _gate_function() -> LayerCase:
     from sglang.srt.models import qwen2_moe
 
     def call(hidden: torch.Tensor, gate: torch.Tensor, shared: torch.Tensor) -> Any:
         return qwen2_moe.fused_gate_sigmoid_mul(hidden, gate, shared)
 
-    return (
+    return LayerCase(
+        None,
         qwen2_moe.fused_gate_sigmoid_mul,
         call,
-        lambda: (randn(5, 48, seed=1), randn(48, seed=2) / 7, randn(5, 48, seed=3)),
+        lambda seed: (
+            randn(5, 48, seed=seed),
+            randn(48, seed=seed + 1) / 7,
+            randn(5, 48, seed=seed + 2),
+        ),
     )
 
 
-LAYERS: dict[str, tuple[str, Callable[[], Case]]] = {
+# Layer name -> (the standard op it routes to, its case).
+LAYERS: dict[str, tuple[str, Callable[[], LayerCase]]] = {
     "SiluAndMul": ("silu_and_mul", lambda: _activation("SiluAndMul")),
     "GeluAndMul": ("gelu_and_mul", lambda: _activation("GeluAndMul", "tanh")),
     "NewGELU": ("gelu_new", lambda: _activation("NewGELU")),
     "QuickGELU": ("gelu_quick", lambda: _activation("QuickGELU")),
-    "RMSNorm": ("rms_norm", _plain_norm),
-    "RMSNorm+residual": ("rms_norm", lambda: _norm("RMSNorm")),
-    "GemmaRMSNorm+residual": ("gemma_rms_norm", lambda: _norm("GemmaRMSNorm")),
+    "RMSNorm": ("rms_norm", lambda: _norm("RMSNorm", residual=False)),
+    "RMSNorm+residual": ("rms_norm", lambda: _norm("RMSNorm", residual=True)),
+    "GemmaRMSNorm+residual": ("gemma_rms_norm", lambda: _norm("GemmaRMSNorm", residual=True)),
     "LayerNorm": ("layer_norm", _layer_norm),
     "RotaryEmbedding": ("rotary_embedding", _rope),
     "MRotaryEmbedding": ("mrotary_embedding", _mrope),
@@ -193,45 +222,50 @@ class GraphRecorder:
         return aot_autograd(fw_compiler=lambda graph, _: graph)(gm, example_inputs)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a tensor, or nested tuples and lists), in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors(item)]
     return []
 
 
-def _identical(want: list[torch.Tensor], got: list[torch.Tensor]) -> bool:
+def identical(want: list[torch.Tensor], got: list[torch.Tensor]) -> bool:
     return len(want) == len(got) and all(
         a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
         for a, b in zip(want, got, strict=True)
     )
 
 
-def _impl_of(bound: Any) -> str | None:
+def impl_of(bound: Any) -> str | None:
+    """The sglang-fl implementation a layer (or a routed kernel function) is bound to."""
     forward = getattr(bound, "_forward_method", bound)
     return getattr(forward, "sglang_fl_impl_id", None)
+
+
+SEED = 1
 
 
 @torch.no_grad()  # as SGLang runs its models
 def run(name: str) -> dict[str, Any]:
     op_name, make = LAYERS[name]
-    layer, call, make_inputs = make()
-    eager_inputs = make_inputs()
-    eager = _tensors(call(*eager_inputs))
+    case = make()
+    eager_inputs = case.inputs(SEED)
+    eager = tensors(case.call(*eager_inputs))
     torch._dynamo.reset()
     recorder = GraphRecorder()
-    result: dict[str, Any] = {"layer": name, "op": op_name, "impl_id": _impl_of(layer)}
-    compiled_inputs = make_inputs()
+    result: dict[str, Any] = {"layer": name, "op": op_name, "impl_id": impl_of(case.bound)}
+    compiled_inputs = case.inputs(SEED)
     try:
-        compiled = torch.compile(call, fullgraph=True, backend=recorder)
-        got = _tensors(compiled(*compiled_inputs))
+        compiled = torch.compile(case.call, fullgraph=True, backend=recorder)
+        got = tensors(compiled(*compiled_inputs))
     except Exception as exc:  # reported to the test, which names it
         result["error_type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
         result["error"] = str(exc)[-3000:]  # the innermost frames: where dynamo stopped
         return result
-    result["outputs_identical"] = _identical(eager, got)
-    result["inputs_identical"] = _identical(_tensors(eager_inputs), _tensors(compiled_inputs))
+    result["outputs_identical"] = identical(eager, got)
+    result["inputs_identical"] = identical(tensors(eager_inputs), tensors(compiled_inputs))
     result["custom_op_calls"] = recorder.custom_op_calls
     return result
 

@@ -28,6 +28,7 @@ from sglang_fl.ops.graph_spec import GRAPH_SPECS
 
 HERE = Path(__file__).parent
 WORKER = HERE / "graph_layers.py"
+CUDA_GRAPH_SCRIPT = HERE.parent.parent / "scripts" / "cuda_graph_check.py"
 
 VENDOR_MODULE = '''
 """Kernels dynamo cannot trace: a host checksum (zlib, a C extension) and a data-dependent
@@ -159,3 +160,53 @@ def test_the_kernels_are_untraceable_without_the_custom_ops(vendor_site: Path) -
         assert "error" in row, f"{row['layer']} compiled without the custom op"
         assert row["error_type"].startswith("torch._dynamo.exc."), row["error"]
         assert "sglang_fl_hostsync" in row["error"], "dynamo stopped inside the vendor kernel"
+
+
+# --- the CUDA graph capture script (run on a GPU when one is lent) --------------------------
+
+
+def _script(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
+    return subprocess.run(
+        [sys.executable, str(CUDA_GRAPH_SCRIPT), *args],
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=WORKER_TIMEOUT_S,
+    )
+
+
+def test_cuda_graph_script_logic_on_every_routed_layer() -> None:
+    """``--simulate-on-cpu``: capture, fresh inputs, replay and comparison, on each layer."""
+    done = _script("--simulate-on-cpu", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["layer"] for row in rows] == list(LAYERS)
+    for row in rows:
+        assert row["status"] == "matches", row
+        if row["layer"] != "fused_gate_sigmoid_mul":  # a kernel function has no bound forward
+            assert row["impl_id"] == f"reference.{row['op']}", row
+
+
+def test_cuda_graph_script_catches_a_replay_that_computes_nothing(router: Any) -> None:
+    """A replay that leaves the captured outputs stale is a mismatch, not a pass."""
+    sys.path.insert(0, str(CUDA_GRAPH_SCRIPT.parent))
+    import cuda_graph_check
+
+    def stale_capture(fn: Any) -> tuple[Any, Any]:
+        return fn(), lambda: None
+
+    row = cuda_graph_check.check_layer("SiluAndMul", "cpu", stale_capture)
+    assert row.status is cuda_graph_check.Status.MISMATCH
+    assert row.max_abs_diff is not None and row.max_abs_diff > 0
+    assert row.impl_id == "reference.silu_and_mul"
+
+
+def test_cuda_graph_script_without_a_gpu_says_so() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the script runs the real check instead")
+    done = _script("RMSNorm")
+    assert done.returncode == 2
+    assert "no CUDA device" in done.stderr
