@@ -125,7 +125,10 @@ def test_custom_op_runs_the_implementation_given_by_its_key() -> None:
         calls.append("second")
         return x * 3
 
-    keys = [graph.register_impl("gelu_new", impl_id, fn) for impl_id, fn in (("a", first), ("b", second))]
+    keys = [
+        graph.register_impl("gelu_new", impl_id, fn)
+        for impl_id, fn in [("a", first), ("b", second)]
+    ]
     assert keys[0] != keys[1]
     assert graph.register_impl("gelu_new", "a", first) == keys[0]
     x = torch.ones(2, 4)
@@ -140,7 +143,8 @@ def test_disabled_or_unsupported_returns_the_implementation_itself() -> None:
     fn = STANDARD_OPS["rms_norm"].reference
     assert graph.graph_safe("rms_norm", fn, "reference", enabled=False) is fn
     wrapped = graph.graph_safe("rms_norm", fn, "reference")
-    assert wrapped is not fn and wrapped.__wrapped__ is fn
+    assert wrapped is not fn
+    assert wrapped.__wrapped__ is fn
 
 
 def test_setting_custom_ops_defaults_on_and_parses_from_the_environment() -> None:
@@ -150,7 +154,7 @@ def test_setting_custom_ops_defaults_on_and_parses_from_the_environment() -> Non
 
 def test_wrong_arguments_name_the_contract_parameters() -> None:
     graph_op = graph.graph_op("rms_norm")
-    with pytest.raises(TypeError, match="unexpected or repeated keyword.*'bogus'.*x, residual"):
+    with pytest.raises(TypeError, match=r"unexpected or repeated keyword.*'bogus'.*x, residual"):
         graph_op.arguments((torch.ones(1, 2),), {"bogus": 1})
     with pytest.raises(TypeError, match="missing argument 'x'"):
         graph_op.arguments((), {})
@@ -192,7 +196,7 @@ class GraphRecorder:
         self.targets: list[str] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from torch._dynamo.backends.common import aot_autograd  # noqa: PLC0415
+        from torch._dynamo.backends.common import aot_autograd
 
         self.targets += [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
         return aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)

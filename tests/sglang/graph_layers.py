@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+
 @dataclass
 class LayerCase:
     """One routed SGLang layer: how to call it and how to make its inputs.
@@ -38,9 +39,7 @@ class LayerCase:
         return self
 
     def inputs_on(self, device: str, seed: int) -> tuple[Any, ...]:
-        return tuple(
-            t.to(device) if isinstance(t, torch.Tensor) else t for t in self.inputs(seed)
-        )
+        return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in self.inputs(seed))
 
 
 def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -198,7 +198,8 @@ def test_cuda_graph_script_catches_a_replay_that_computes_nothing(router: Any) -
 
     row = cuda_graph_check.check_layer("SiluAndMul", "cpu", stale_capture)
     assert row.status is cuda_graph_check.Status.MISMATCH
-    assert row.max_abs_diff is not None and row.max_abs_diff > 0
+    assert row.max_abs_diff is not None
+    assert row.max_abs_diff > 0
     assert row.impl_id == "reference.silu_and_mul"
 
 

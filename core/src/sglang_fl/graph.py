@@ -220,8 +220,7 @@ def _fresh(output: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
 def _aliases(output: torch.Tensor, inputs: Sequence[Any]) -> bool:
     """Whether ``output`` shares storage with one of ``inputs`` (real or fake tensors)."""
     return any(
-        isinstance(value, torch.Tensor) and torch._C._is_alias_of(output, value)
-        for value in inputs
+        isinstance(value, torch.Tensor) and torch._C._is_alias_of(output, value) for value in inputs
     )
 
 
