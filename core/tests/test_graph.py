@@ -139,12 +139,19 @@ def test_custom_op_runs_the_implementation_given_by_its_key() -> None:
     torch.testing.assert_close(tripled, x * 3)
 
 
-def test_disabled_or_unsupported_returns_the_implementation_itself() -> None:
-    fn = STANDARD_OPS["rms_norm"].reference
-    assert graph.graph_safe("rms_norm", fn, "reference", enabled=False) is fn
-    wrapped = graph.graph_safe("rms_norm", fn, "reference")
+def test_the_implementation_itself_stays_bound_on_or_off() -> None:
+    """Eager calls cost what they cost without custom ops: nothing wraps the function."""
+    fn = make_untraceable_rms_norm()
+    assert graph.graph_safe("rms_norm", fn, "test.off", enabled=False) is fn
+    assert graph.graph_safe("rms_norm", fn, "test.on") is fn
+
+
+def test_a_function_already_standing_for_another_op_is_wrapped_instead() -> None:
+    fn = make_untraceable_rms_norm()
+    assert graph.graph_safe("rms_norm", fn, "test.first") is fn
+    wrapped = graph.graph_safe("gemma_rms_norm", fn, "test.second")
     assert wrapped is not fn
-    assert wrapped.__wrapped__ is fn
+    assert inspect.unwrap(wrapped) is fn
 
 
 def test_setting_custom_ops_defaults_on_and_parses_from_the_environment() -> None:
@@ -173,20 +180,37 @@ class Norm(torch.nn.Module):
         self.hidden_size = hidden
 
 
-def untraceable_rms_norm(
-    obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """A kernel dynamo cannot trace: a host round trip and a branch on the value it read."""
-    peak = float(x.abs().max().item()) if x.numel() else 0.0
-    if peak > 1e30:  # data-dependent Python
-        raise ValueError("overflow")
-    out = STANDARD_OPS["rms_norm"].reference(obj, x, residual)
-    if residual is None:
-        return out
-    normed, summed = out
-    x.copy_(normed)  # a fused kernel's in-place results, returned as the inputs themselves
-    residual.copy_(summed)
-    return x, residual
+def make_untraceable_rms_norm() -> Any:
+    """A new kernel dynamo cannot trace: a host round trip and a branch on the value it read.
+
+    A new function object each time: a substitution for dynamo is per function object.
+    """
+
+    def untraceable_rms_norm(
+        obj: Any, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        peak = float(x.abs().max().item()) if x.numel() else 0.0
+        if peak > 1e30:  # data-dependent Python
+            raise ValueError("overflow")
+        out = STANDARD_OPS["rms_norm"].reference(obj, x, residual)
+        if residual is None:
+            return out
+        normed, summed = out
+        x.copy_(normed)  # a fused kernel's in-place results, returned as the inputs themselves
+        residual.copy_(summed)
+        return x, residual
+
+    return untraceable_rms_norm
+
+
+class CallableKernel:
+    """An implementation that is not a plain function (a kernel object): it gets wrapped."""
+
+    def __init__(self) -> None:
+        self.kernel = make_untraceable_rms_norm()
+
+    def __call__(self, *args: Any) -> Any:
+        return self.kernel(*args)
 
 
 class GraphRecorder:
@@ -210,12 +234,17 @@ def _forward(fn: Any, layer: Norm) -> Any:
     return forward
 
 
-def test_untraceable_kernel_compiles_fullgraph_as_one_custom_op_with_eager_results() -> None:
+@pytest.mark.parametrize(
+    "make_kernel", [make_untraceable_rms_norm, CallableKernel], ids=["function", "object"]
+)
+def test_untraceable_kernel_compiles_fullgraph_as_one_custom_op_with_eager_results(
+    make_kernel: Any,
+) -> None:
     torch._dynamo.reset()
     layer = Norm(32)
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(1))
     residual = torch.randn(5, 32, generator=torch.Generator().manual_seed(2))
-    routed = graph.graph_safe("rms_norm", untraceable_rms_norm, "test.untraceable")
+    routed = graph.graph_safe("rms_norm", make_kernel(), "test.untraceable")
     eager = _forward(routed, layer)(x, residual)
     recorder = GraphRecorder()
     compiled = torch.compile(_forward(routed, layer), fullgraph=True, backend=recorder)
@@ -228,8 +257,8 @@ def test_untraceable_kernel_compiles_fullgraph_as_one_custom_op_with_eager_resul
 def test_without_the_custom_op_the_same_kernel_breaks_fullgraph() -> None:
     """The control: the kernel above really is untraceable, so the custom op is what helps."""
     torch._dynamo.reset()
-    layer = Norm(32)
-    compiled = torch.compile(_forward(untraceable_rms_norm, layer), fullgraph=True, backend="eager")
+    kernel = make_untraceable_rms_norm()
+    compiled = torch.compile(_forward(kernel, Norm(32)), fullgraph=True, backend="eager")
     with pytest.raises(torch._dynamo.exc.TorchDynamoException):
         compiled(torch.randn(5, 32), torch.randn(5, 32))
 
@@ -241,7 +270,14 @@ def test_eager_calls_skip_the_custom_op() -> None:
         calls.append(torch.compiler.is_compiling())
         return x + 1
 
-    routed = graph.graph_safe("gelu_quick", kernel, "test.eager")
-    assert torch.equal(routed(None, torch.zeros(2)), torch.ones(2))
+    wrapped = graph.graph_safe("gelu_quick", CallableKernelOf(kernel), "test.eager")
+    assert torch.equal(wrapped(None, torch.zeros(2)), torch.ones(2))
     assert calls == [False]
-    assert inspect.unwrap(routed) is kernel
+
+
+class CallableKernelOf:
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __call__(self, *args: Any) -> Any:
+        return self.kernel(*args)

@@ -2,17 +2,17 @@
 
 A vendor kernel may be a C extension, read values back to the host or branch on data: dynamo
 cannot trace it, so ``torch.compile`` breaks the graph there (or fails with
-``fullgraph=True``). :func:`graph_safe` wraps the implementation chosen for an op so that,
-while dynamo traces, the call goes through the op's custom op instead: one opaque node whose
-schema says which arguments it may write and whose fake implementation (the contract's
-reference, run on fake tensors) gives the outputs' shapes. In eager mode the wrapper calls the
-implementation directly, so a call costs one extra Python frame and one flag read.
+``fullgraph=True``). :func:`graph_safe` makes dynamo trace, in place of the implementation
+chosen for an op, a call of the op's custom op: one opaque node whose schema says which
+arguments it may write and whose fake implementation (the contract's reference, run on fake
+tensors) gives the outputs' shapes. Eager calls are untouched: the implementation itself stays
+bound, and the substitution exists only for dynamo (``torch.compiler.substitute_in_graph``).
 
 The layer object cannot cross a custom op's boundary: its attributes declared in
 :data:`sglang_fl.ops.graph_spec.GRAPH_SPECS` become leading arguments, and the custom op calls
 the implementation with a stand-in carrying just those attributes. Which implementation runs
-is the first argument, a key naming the one this wrapper was built for; keys are given out
-once per implementation object and process.
+is the first argument, a key naming the implementation the substitution stands for; keys are
+given out once per implementation object and process.
 
 Engine-agnostic: the SGLang integration wraps at its binding seam; other engines can call
 :func:`graph_safe` the same way.
@@ -24,6 +24,7 @@ import functools
 import inspect
 import itertools
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -87,12 +88,13 @@ _RETURNS: Mapping[OutputForm, str] = {
 
 @functools.cache
 def custom_ops_supported() -> bool:
-    """Whether this torch can define custom ops from a schema and tell when dynamo traces."""
+    """Whether this torch can define custom ops from a schema and substitute them in graphs."""
     custom_op = getattr(torch.library, "custom_op", None)
     return (
         custom_op is not None
         and "schema" in inspect.signature(custom_op).parameters
         and hasattr(torch.compiler, "is_compiling")
+        and hasattr(torch.compiler, "substitute_in_graph")
     )
 
 
@@ -218,10 +220,13 @@ def _fresh(output: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
 
 
 def _aliases(output: torch.Tensor, inputs: Sequence[Any]) -> bool:
-    """Whether ``output`` shares storage with one of ``inputs`` (real or fake tensors)."""
-    return any(
-        isinstance(value, torch.Tensor) and torch._C._is_alias_of(output, value) for value in inputs
-    )
+    """Whether ``output`` shares storage with one of ``inputs`` (real or fake tensors).
+
+    ``torch._C._is_alias_of`` is the check torch's own custom-op tooling uses; unlike
+    comparing ``data_ptr()``s it also holds for fake tensors, whose storages have none.
+    """
+    is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
+    return any(isinstance(value, torch.Tensor) and is_alias_of(output, value) for value in inputs)
 
 
 _lock = threading.Lock()
@@ -293,7 +298,9 @@ def graph_op(op_name: str) -> GraphOp:
 
 
 def register_impl(op_name: str, impl_id: str, fn: Callable[..., Any]) -> str:
-    """The key under which ``sglang_fl::<op_name>`` runs ``fn`` (one key per ``fn`` object)."""
+    """The key under which ``sglang_fl::<op_name>`` runs ``fn`` (one key per ``fn`` object);
+    defines the op if needed."""
+    graph_op(op_name)
     with _lock:
         key = _keys.get(id(fn))
         if key is None:
@@ -308,24 +315,50 @@ def graph_safe(
 ) -> Callable[..., Any]:
     """``fn`` (the implementation chosen for ``op_name``), reachable under ``torch.compile``.
 
-    Returns ``fn`` itself when ``enabled`` is false or this torch lacks custom ops. Otherwise a
-    callable with ``fn``'s signature: eager calls go straight to ``fn``; while dynamo traces,
-    calls go through ``sglang_fl::<op_name>``, which runs ``fn`` when the compiled code runs.
+    Returns ``fn`` itself when ``enabled`` is false or this torch lacks custom ops. Otherwise
+    dynamo is told to trace, in place of ``fn``, a call of ``sglang_fl::<op_name>`` that runs
+    ``fn`` when the compiled code runs (``torch.compiler.substitute_in_graph``), and ``fn``
+    itself is returned: eager calls cost exactly what they cost without custom ops. An ``fn``
+    that cannot be substituted (not a plain function, or already standing for another op) is
+    returned wrapped: eager calls then pass one frame and ``is_compiling()`` on their way.
     """
     if not enabled or not custom_ops_supported():
         return fn
-    graph = graph_op(op_name)
     key = register_impl(op_name, impl_id, fn)
-    op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
-    is_compiling = torch.compiler.is_compiling
 
     def through_custom_op(obj: Any, *args: Any, **kwargs: Any) -> Any:
-        if not is_compiling():
-            return fn(obj, *args, **kwargs)
+        # Closes over strings only: dynamo traces a substitute without sources for its
+        # closure, so the op's description is read from this module's table.
+        graph = _graph_ops[op_name]
         arguments = graph.arguments(args, kwargs)
+        op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
         return graph.pack(op(key, *graph.layer_values(obj), *arguments), arguments)
 
-    through_custom_op.__name__ = through_custom_op.__qualname__ = f"{op_name}[{impl_id}]"
-    through_custom_op.__wrapped__ = fn  # type: ignore[attr-defined]
-    through_custom_op.sglang_fl_custom_op = graph.qualified_name  # type: ignore[attr-defined]
-    return through_custom_op
+    if _substitute(op_name, fn, through_custom_op):
+        return fn
+    is_compiling = torch.compiler.is_compiling
+
+    def wrapped(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_compiling():
+            return fn(obj, *args, **kwargs)
+        return through_custom_op(obj, *args, **kwargs)
+
+    wrapped.__name__ = wrapped.__qualname__ = f"{op_name}[{impl_id}]"
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapped
+
+
+_substituted: dict[int, str] = {}  # id(implementation) -> the op dynamo traces it as
+
+
+def _substitute(op_name: str, fn: Callable[..., Any], traceable: Callable[..., Any]) -> bool:
+    """Have dynamo trace ``traceable`` wherever it meets ``fn``; whether ``fn`` stands for
+    ``op_name`` now (once per function object and process)."""
+    with _lock:
+        if id(fn) in _substituted:
+            return _substituted[id(fn)] == op_name
+        if not isinstance(fn, types.FunctionType):
+            return False
+        torch.compiler.substitute_in_graph(fn, skip_signature_check=True)(traceable)
+        _substituted[id(fn)] = op_name
+        return True
