@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import logging
 import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 NAMESPACE = "sglang_fl"
+_log = logging.getLogger(__name__)
 # Prefix of the custom-op arguments that carry layer attributes (no clash with call arguments).
 LAYER_PREFIX = "layer_"
 
@@ -359,6 +361,10 @@ def _substitute(op_name: str, fn: Callable[..., Any], traceable: Callable[..., A
             return _substituted[id(fn)] == op_name
         if not isinstance(fn, types.FunctionType):
             return False
-        torch.compiler.substitute_in_graph(fn, skip_signature_check=True)(traceable)
+        try:
+            torch.compiler.substitute_in_graph(fn, skip_signature_check=True)(traceable)
+        except ValueError as exc:  # dynamo already has a rule for fn: wrap it instead
+            _log.debug("%s: %s; binding a wrapper", op_name, exc)
+            return False
         _substituted[id(fn)] = op_name
         return True
