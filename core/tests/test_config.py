@@ -59,6 +59,7 @@ def test_every_documented_variable_exists():
         "SGLANG_FL_DISABLE_PLUGINS",
         "SGLANG_FL_DISPATCH_LOG",
         "SGLANG_FL_TRACE",
+        "SGLANG_FL_CUSTOM_OPS",
     }
 
 
