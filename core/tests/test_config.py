@@ -230,6 +230,7 @@ plugins = []
 disable_plugins = ["old"]
 dispatch_log = "/tmp/x.jsonl"
 trace = "yes"
+custom_ops = false
 
 [per_op]
 rms_norm = ["reference"]
@@ -237,6 +238,7 @@ silu_and_mul = "vendor,reference"
 """,
     )
     s = settings(config=path)
+    assert s.custom_ops is False
     assert s.config_file == Path(path)
     assert s.prefer == OrderToken("vendor", "cuda")
     assert s.strict is True
