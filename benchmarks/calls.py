@@ -12,7 +12,12 @@ For each op, shape and dtype one interleaved run times six variants on the same 
 - ``torch_layer``: the same layer called with ``backend=KernelBackend.TORCH`` (SGLang's own
   ``forward_native`` through ``BaseFusedOp.forward``);
 - ``forward_native``: SGLang's ``forward_native`` method called directly (same math as the
-  reference, no dispatch).
+  reference, no dispatch);
+- ``routed_plain``: a second instance of the layer bound as with ``SGLANG_FL_CUSTOM_OPS=0``
+  (the op's bridge around the chosen implementation, nothing else): ``routed_layer/routed_plain``
+  is what having the custom ops available costs an eager call. With them, ``graph_safe`` hands
+  the bridge the implementation itself (dynamo alone sees the custom op), which each row
+  records as ``custom_ops_bind_fn_itself``; the ratio is then the noise floor of the row.
 
 Runs in an environment with SGLang and the sglang-fl wheels installed (``nox -s bench``).
 """
@@ -48,6 +53,7 @@ VARIANTS = (
     "routed_layer",
     "torch_layer",
     "forward_native",
+    "routed_plain",
 )
 
 
@@ -200,11 +206,23 @@ def route_sglang_layers() -> str:
     return getattr(sglang, "__version__", "unknown")
 
 
+def bind_without_custom_ops(case: str, layer: Any, fn: Callable[..., Any]) -> None:
+    """Bind ``layer`` as sglang-fl's router does with ``SGLANG_FL_CUSTOM_OPS=0``: the op's
+    bridge around ``fn`` itself, with no graph-safe wrapper in between."""
+    from sglang_fl.integrations.sglang.bridges import BRIDGES
+
+    def handoff(reason: str) -> None:
+        raise RuntimeError(f"{case}: the benchmark call was handed to SGLang ({reason})")
+
+    layer._forward_method = BRIDGES[CASES[case]].bind(layer, fn, layer.forward_native, handoff)
+
+
 def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> dict[str, Any]:
-    """All six variants of one case, one interleaved run; medians, ratios, numerics check."""
+    """All variants of one case, one interleaved run; medians, ratios, numerics check."""
     from sglang.kernels.spec import KernelBackend
 
     from sglang_fl import get_runtime
+    from sglang_fl.graph import graph_safe
     from sglang_fl.integrations.sglang.plugin import get_router
 
     op_name = CASES[case]
@@ -221,6 +239,12 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
             f"{type(layer).__name__} was not routed through sglang-fl (cached forward: "
             f"{forward!r}); see the sglang-fl dispatch report"
         )
+    if not get_runtime().config.custom_ops:
+        raise RuntimeError("SGLANG_FL_CUSTOM_OPS is off: routed_layer would equal routed_plain")
+    impl_id = resolution.decision.chosen.impl_id
+    binds_fn_itself = graph_safe(op_name, resolution.fn, impl_id) is resolution.fn
+    plain = make_case(case, tokens, dtype)
+    bind_without_custom_ops(case, plain.layer, resolution.fn)
     diffs = check_same_math(case, inputs, layer, KernelBackend.TORCH)
     router = get_router()
     assert router is not None  # route_sglang_layers() checked it
@@ -231,6 +255,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
         and router.verifier.wrap(resolution.fn, resolution.decision.chosen, case) is resolution.fn
     )
     variants = {
+        "routed_plain": Call(plain.layer, plain.layer_args),
         "bound_fallback": Call(fallback_chain(op_name), inputs.op_args),
         "bound": Call(resolution.fn, inputs.op_args),
         "direct": Call(reference, inputs.op_args),
@@ -245,6 +270,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
         "bound_fallback/direct": ("bound_fallback", "direct"),
         "routed_layer/torch_layer": ("routed_layer", "torch_layer"),
         "direct/forward_native": ("direct", "forward_native"),
+        "routed_layer/routed_plain": ("routed_layer", "routed_plain"),
     }
     return {
         "case": case,
@@ -255,6 +281,7 @@ def measure_case(case: str, size: str, dtype_name: str, *, repetitions: int) -> 
         "chosen": resolution.decision.chosen.impl_id,
         "bound_is_chosen_fn": resolution.fn is reference,
         "verify_off_is_fn": verify_off_is_fn,
+        "custom_ops_bind_fn_itself": binds_fn_itself,
         "iterations_per_batch": samples["direct"].iterations,
         "repetitions": len(samples["direct"].per_call_ns),
         "median_ns": {name: samples[name].median_ns for name in VARIANTS},
@@ -346,6 +373,7 @@ def run(*, repetitions: int = 31, quick: bool = False) -> dict[str, Any]:
                     f"bound {r['bound/direct']:.3f}x  fallback {r['bound_fallback/direct']:.3f}x  "
                     f"routed/torch {r['routed_layer/torch_layer']:.3f}x  "
                     f"ref/native {r['direct/forward_native']:.3f}x  "
+                    f"custom ops on/off {r['routed_layer/routed_plain']:.3f}x  "
                     f"(cpu: {c['bound/direct']:.3f} {c['bound_fallback/direct']:.3f} "
                     f"{c['routed_layer/torch_layer']:.3f} {c['direct/forward_native']:.3f})",
                     flush=True,

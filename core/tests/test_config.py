@@ -62,6 +62,7 @@ def test_every_documented_variable_exists():
         "SGLANG_FL_VERIFY",
         "SGLANG_FL_VERIFY_OPS",
         "SGLANG_FL_TRACE",
+        "SGLANG_FL_CUSTOM_OPS",
     }
 
 
@@ -235,6 +236,7 @@ plugin_timeout = 5
 trace = "yes"
 verify = 4
 verify_ops = ["rms_norm"]
+custom_ops = false
 
 [per_op]
 rms_norm = ["reference"]
@@ -242,6 +244,7 @@ silu_and_mul = "vendor,reference"
 """,
     )
     s = settings(config=path)
+    assert s.custom_ops is False
     assert s.config_file == Path(path)
     assert s.prefer == OrderToken("vendor", "cuda")
     assert s.strict is True

@@ -301,6 +301,13 @@ SETTINGS: tuple[_Setting, ...] = (
         f"on = {DEFAULT_VERIFY_CALLS}); results in the dispatch log",
     ),
     _Setting("verify_ops", _parse_ops, None, "only these ops are verified (unset = all)"),
+    _Setting(
+        "custom_ops",
+        _parse_bool,
+        True,
+        "under torch.compile, routed ops are torch.library custom ops sglang_fl::<op> "
+        "(eager calls run the implementation directly)",
+    ),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -321,6 +328,7 @@ class Settings:
     trace: bool | Path = False
     verify: int = 0
     verify_ops: tuple[str, ...] | None = None
+    custom_ops: bool = True
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 

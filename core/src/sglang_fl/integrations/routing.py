@@ -21,6 +21,7 @@ from .._forksafe import reset_locks_in_child
 from ..dispatch.resolve import Resolution
 from ..dispatch_report import DispatchReport, ReportEvent, Runner
 from ..errors import NoImplementationError
+from ..graph import graph_safe
 from ..runtime import Runtime
 from ..schema import impl_fields
 from ..verify import Verifier
@@ -243,7 +244,8 @@ class LayerRouter:
         """The forward ``layer`` keeps: a bridge to the chosen implementation, or the engine's.
 
         The one place where a chosen implementation reaches a layer, in either engine: wrappers
-        that observe or compile it (verify mode) are applied here, once per layer.
+        that compile it (custom ops) and observe it (verify mode) are applied here, once per
+        layer; the verifier is outermost, so under compile it steps aside for the custom op.
         """
         cls = type(layer)
         reason = bridge.refuse_instance(layer)
@@ -251,7 +253,10 @@ class LayerRouter:
             self._note_refusal(cls, bridge.op_name, reason, engine_forward)
             return engine_forward
         chosen = resolution.decision.chosen
-        fn = self.verifier.wrap(resolution.fn, chosen, qualname(cls))  # fn itself if verify off
+        config = self.runtime.config
+        # Both return resolution.fn itself when off: eager calls then cost what they did before.
+        fn = graph_safe(resolution.op, resolution.fn, chosen.impl_id, enabled=config.custom_ops)
+        fn = self.verifier.wrap(fn, chosen, qualname(cls))
         forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
         # Engines' traces label a cached forward by its name: make it say who runs.
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{chosen.impl_id}]"

@@ -24,6 +24,7 @@ import torch
 from ...dispatch.types import BackendImplKind
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
+from ...graph import graph_safe
 from ...runtime import Runtime
 from ...schema import impl_fields
 from .compat import SglangApi
@@ -122,7 +123,10 @@ def route_kernel_functions(api: SglangApi, runtime: Runtime, report: DispatchRep
                 **fields,
             )
             continue
-        replacement = route.adapt(resolution.fn)
+        fn = graph_safe(
+            route.op_name, resolution.fn, chosen.impl_id, enabled=runtime.config.custom_ops
+        )
+        replacement = route.adapt(fn)
         replacement.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
         replacement.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
         api.hook_registry.register(route.target, replacement, replace)

@@ -1,0 +1,370 @@
+"""Graph-safe routing: every standard op as a ``torch.library`` custom op ``sglang_fl::<op>``.
+
+A vendor kernel may be a C extension, read values back to the host or branch on data: dynamo
+cannot trace it, so ``torch.compile`` breaks the graph there (or fails with
+``fullgraph=True``). :func:`graph_safe` makes dynamo trace, in place of the implementation
+chosen for an op, a call of the op's custom op: one opaque node whose schema says which
+arguments it may write and whose fake implementation (the contract's reference, run on fake
+tensors) gives the outputs' shapes. Eager calls are untouched: the implementation itself stays
+bound, and the substitution exists only for dynamo (``torch.compiler.substitute_in_graph``).
+
+The layer object cannot cross a custom op's boundary: its attributes declared in
+:data:`sglang_fl.ops.graph_spec.GRAPH_SPECS` become leading arguments, and the custom op calls
+the implementation with a stand-in carrying just those attributes. Which implementation runs
+is the first argument, a key naming the implementation the substitution stands for; keys are
+given out once per implementation object and process.
+
+Engine-agnostic: the SGLang integration wraps at its binding seam; other engines can call
+:func:`graph_safe` the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+import threading
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ._strenum import StrEnum
+from .ops import get_contract
+from .ops.contract import OpContract
+from .ops.graph_spec import GRAPH_SPECS, GraphSpec
+
+__all__ = [
+    "NAMESPACE",
+    "GraphOp",
+    "OutputForm",
+    "custom_ops_supported",
+    "graph_op",
+    "graph_safe",
+    "register_impl",
+]
+
+NAMESPACE = "sglang_fl"
+_log = logging.getLogger(__name__)
+# Prefix of the custom-op arguments that carry layer attributes (no clash with call arguments).
+LAYER_PREFIX = "layer_"
+
+# Contract parameter annotations -> schema types (annotations are strings: postponed).
+_ARGUMENT_TYPES: Mapping[str, str] = {
+    "torch.Tensor": "Tensor",
+    "torch.Tensor | None": "Tensor?",
+    "bool": "bool",
+    "int": "int",
+    "float": "float",
+    "str": "str",
+}
+
+
+class OutputForm(StrEnum):
+    """What an op returns, read from its contract's return annotation."""
+
+    TENSOR = "tensor"
+    PAIR = "pair"
+    # One tensor alone, or a pair when an optional argument is given (rms_norm's residual).
+    TENSOR_OR_PAIR = "tensor-or-pair"
+
+
+_OUTPUT_FORMS: Mapping[str, OutputForm] = {
+    "torch.Tensor": OutputForm.TENSOR,
+    "tuple[torch.Tensor, torch.Tensor]": OutputForm.PAIR,
+    "torch.Tensor | tuple[torch.Tensor, torch.Tensor]": OutputForm.TENSOR_OR_PAIR,
+}
+# The custom op's returns per form: fixed, since functionalization of an op that writes its
+# arguments does not support a ``Tensor[]`` return. A TENSOR_OR_PAIR op writes its second
+# output into the argument its GraphSpec names and returns the first.
+_RETURNS: Mapping[OutputForm, str] = {
+    OutputForm.TENSOR: "Tensor",
+    OutputForm.PAIR: "(Tensor, Tensor)",
+    OutputForm.TENSOR_OR_PAIR: "Tensor",
+}
+
+
+@functools.cache
+def custom_ops_supported() -> bool:
+    """Whether this torch can define custom ops from a schema and substitute them in graphs."""
+    custom_op = getattr(torch.library, "custom_op", None)
+    return (
+        custom_op is not None
+        and "schema" in inspect.signature(custom_op).parameters
+        and hasattr(torch.compiler, "is_compiling")
+        and hasattr(torch.compiler, "substitute_in_graph")
+    )
+
+
+@dataclass(frozen=True)
+class GraphOp:
+    """One standard op as a custom op: its schema, and how calls map onto it."""
+
+    contract: OpContract
+    spec: GraphSpec
+    form: OutputForm
+    # The call parameters after ``obj``, and their defaults (``inspect.Parameter.empty``: none).
+    parameters: tuple[str, ...]
+    defaults: tuple[Any, ...]
+
+    @property
+    def name(self) -> str:
+        return self.contract.name
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        fields = self.spec.layer_fields or ()
+        return tuple(field.name for field in fields)
+
+    def schema(self) -> str:
+        """``(str impl, <layer attributes>, <call arguments>) -> <outputs>``, writes marked."""
+        entries = ["str impl"]
+        entries += [
+            f"{field.type} {LAYER_PREFIX}{field.name}" for field in self.spec.layer_fields or ()
+        ]
+        aliases = itertools.count()
+        for name in self.parameters:
+            annotation = self.contract.signature.parameters[name].annotation
+            schema_type = _ARGUMENT_TYPES[annotation]
+            if name in self.spec.mutates:
+                optional = schema_type.endswith("?")
+                schema_type = f"Tensor(a{next(aliases)}!)" + ("?" if optional else "")
+            entries.append(f"{schema_type} {name}")
+        return f"({', '.join(entries)}) -> {_RETURNS[self.form]}"
+
+    @property
+    def second_output_index(self) -> int:
+        """Position, among the call arguments, of the one a TENSOR_OR_PAIR op writes into."""
+        return self.parameters.index(self.spec.second_output_into or "")
+
+    def layer_values(self, obj: Any) -> tuple[Any, ...]:
+        """The declared attributes of the layer ``obj``, in schema order."""
+        return tuple(getattr(obj, name) for name in self.layer_names)
+
+    def stand_in(self, values: Sequence[Any]) -> Any:
+        """A layer carrying ``values`` as its declared attributes (``None``: kernel function)."""
+        if self.spec.layer_fields is None:
+            return None
+        return SimpleNamespace(**dict(zip(self.layer_names, values, strict=True)))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Every call argument after ``obj``, positionally, defaults filled in."""
+        if len(args) > len(self.parameters):
+            raise TypeError(
+                f"{self.name}: {len(args)} positional arguments after obj; the contract takes "
+                f"{len(self.parameters)}: {', '.join(self.parameters)}"
+            )
+        unknown = set(kwargs) - set(self.parameters[len(args) :])
+        if unknown:
+            raise TypeError(
+                f"{self.name}: unexpected or repeated keyword argument(s) {sorted(unknown)}; "
+                f"parameters: {', '.join(self.parameters)}"
+            )
+        rest = []
+        for name, default in zip(
+            self.parameters[len(args) :], self.defaults[len(args) :], strict=True
+        ):
+            value = kwargs.get(name, default)
+            if value is inspect.Parameter.empty:
+                raise TypeError(f"{self.name}: missing argument {name!r}")
+            rest.append(value)
+        return (*args, *rest)
+
+    def flatten(
+        self, key: str, obj: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """The custom op's arguments for the call ``fn(obj, *args, **kwargs)``."""
+        return (key, *self.layer_values(obj), *self.arguments(args, kwargs))
+
+    def pack(self, outputs: Any, arguments: tuple[Any, ...]) -> Any:
+        """The custom op's outputs as the op returns them, given the call ``arguments``."""
+        if self.form is OutputForm.PAIR:
+            return tuple(outputs)
+        if self.form is OutputForm.TENSOR_OR_PAIR:
+            second = arguments[self.second_output_index]
+            return outputs if second is None else (outputs, second)
+        return outputs
+
+    def unflatten(self, values: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+        """``(stand-in layer, call arguments)`` from the custom op's arguments after ``impl``."""
+        count = len(self.layer_names)
+        return self.stand_in(values[:count]), tuple(values[count:])
+
+    def fresh_outputs(self, result: Any, values: Sequence[Any]) -> Any:
+        """``result`` of ``fn`` as the custom op returns it; ``values``: its arguments.
+
+        No output may alias an argument (a custom op's rule): an implementation that returns
+        a tensor it wrote in place (``x``, ``query``) has it copied, which only happens while
+        compiled code runs. A TENSOR_OR_PAIR op's second output lands in its argument.
+        """
+        if self.form is OutputForm.PAIR:
+            return tuple(_fresh(out, values) for out in result)
+        if self.form is OutputForm.TENSOR_OR_PAIR and not isinstance(result, torch.Tensor):
+            out, second = result
+            out = _fresh(out, values)
+            target = values[len(self.layer_names) + self.second_output_index]
+            if second is not target:
+                target.copy_(second)
+            return out
+        return _fresh(result, values)
+
+
+def _fresh(output: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
+    return output.clone() if _aliases(output, values) else output
+
+
+def _aliases(output: torch.Tensor, inputs: Sequence[Any]) -> bool:
+    """Whether ``output`` shares storage with one of ``inputs`` (real or fake tensors).
+
+    ``torch._C._is_alias_of`` is the check torch's own custom-op tooling uses; unlike
+    comparing ``data_ptr()``s it also holds for fake tensors, whose storages have none.
+    """
+    is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]
+    return any(isinstance(value, torch.Tensor) and is_alias_of(output, value) for value in inputs)
+
+
+_lock = threading.Lock()
+_graph_ops: dict[str, GraphOp] = {}
+_impls: dict[str, Callable[..., Any]] = {}  # key -> implementation (kept alive: keys stay valid)
+_keys: dict[int, str] = {}  # id(implementation) -> key
+
+
+def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
+    annotation = contract.signature.return_annotation
+    form = _OUTPUT_FORMS.get(annotation)
+    if form is None:
+        raise TypeError(
+            f"{contract.name}: return annotation {annotation!r} has no custom-op output form; "
+            f"known: {', '.join(_OUTPUT_FORMS)}"
+        )
+    if (form is OutputForm.TENSOR_OR_PAIR) != (spec.second_output_into is not None):
+        raise TypeError(
+            f"{contract.name}: an op returning a tensor or a pair needs its GraphSpec to name "
+            "second_output_into (the argument the second output is written into), and only it"
+        )
+    parameters = tuple(contract.parameter_names[1:])  # after obj
+    for name in parameters:
+        annotation = contract.signature.parameters[name].annotation
+        if annotation not in _ARGUMENT_TYPES:
+            raise TypeError(
+                f"{contract.name}: parameter {name!r} annotated {annotation!r} has no schema "
+                f"type; known: {', '.join(_ARGUMENT_TYPES)}"
+            )
+    defaults = tuple(contract.signature.parameters[name].default for name in parameters)
+    return GraphOp(contract, spec, form, parameters, defaults)
+
+
+def _define(graph: GraphOp) -> None:
+    """Define ``sglang_fl::<op>`` with its implementation and fake implementation."""
+
+    def run(key: str, *values: Any) -> Any:
+        obj, args = graph.unflatten(values)
+        return graph.fresh_outputs(_impls[key](obj, *args), values)
+
+    def fake(key: str, *values: Any) -> Any:
+        obj, args = graph.unflatten(values)
+        compute = graph.spec.fake or graph.contract.reference
+        return graph.fresh_outputs(compute(obj, *args), values)
+
+    mutates = tuple(name for name in graph.parameters if name in graph.spec.mutates)
+    op = torch.library.custom_op(
+        graph.qualified_name, run, mutates_args=mutates, schema=graph.schema()
+    )
+    op.register_fake(fake)
+
+
+def graph_op(op_name: str) -> GraphOp:
+    """The custom op of ``op_name``, defined on first use (once per process)."""
+    graph = _graph_ops.get(op_name)
+    if graph is not None:
+        return graph
+    with _lock:
+        graph = _graph_ops.get(op_name)
+        if graph is None:
+            contract = get_contract(op_name)
+            spec = GRAPH_SPECS.get(op_name)
+            if spec is None:
+                raise KeyError(f"op {op_name!r} has no graph spec in sglang_fl.ops.graph_spec")
+            graph = _describe(contract, spec)
+            _define(graph)
+            _graph_ops[op_name] = graph
+        return graph
+
+
+def register_impl(op_name: str, impl_id: str, fn: Callable[..., Any]) -> str:
+    """The key under which ``sglang_fl::<op_name>`` runs ``fn`` (one key per ``fn`` object);
+    defines the op if needed."""
+    graph_op(op_name)
+    with _lock:
+        key = _keys.get(id(fn))
+        if key is None:
+            key = f"{op_name}:{impl_id}#{len(_keys)}"
+            _keys[id(fn)] = key
+            _impls[key] = fn
+        return key
+
+
+def graph_safe(
+    op_name: str, fn: Callable[..., Any], impl_id: str, *, enabled: bool = True
+) -> Callable[..., Any]:
+    """``fn`` (the implementation chosen for ``op_name``), reachable under ``torch.compile``.
+
+    Returns ``fn`` itself when ``enabled`` is false or this torch lacks custom ops. Otherwise
+    dynamo is told to trace, in place of ``fn``, a call of ``sglang_fl::<op_name>`` that runs
+    ``fn`` when the compiled code runs (``torch.compiler.substitute_in_graph``), and ``fn``
+    itself is returned: eager calls cost exactly what they cost without custom ops. An ``fn``
+    that cannot be substituted (not a plain function, or already standing for another op) is
+    returned wrapped: eager calls then pass one frame and ``is_compiling()`` on their way.
+    """
+    if not enabled or not custom_ops_supported():
+        return fn
+    key = register_impl(op_name, impl_id, fn)
+
+    def through_custom_op(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # Closes over strings only: dynamo traces a substitute without sources for its
+        # closure, so the op's description is read from this module's table.
+        graph = _graph_ops[op_name]
+        arguments = graph.arguments(args, kwargs)
+        op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
+        return graph.pack(op(key, *graph.layer_values(obj), *arguments), arguments)
+
+    if _substitute(op_name, fn, through_custom_op):
+        return fn
+    is_compiling = torch.compiler.is_compiling
+
+    def wrapped(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_compiling():
+            return fn(obj, *args, **kwargs)
+        return through_custom_op(obj, *args, **kwargs)
+
+    wrapped.__name__ = wrapped.__qualname__ = f"{op_name}[{impl_id}]"
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapped
+
+
+_substituted: dict[int, str] = {}  # id(implementation) -> the op dynamo traces it as
+
+
+def _substitute(op_name: str, fn: Callable[..., Any], traceable: Callable[..., Any]) -> bool:
+    """Have dynamo trace ``traceable`` wherever it meets ``fn``; whether ``fn`` stands for
+    ``op_name`` now (once per function object and process)."""
+    with _lock:
+        if id(fn) in _substituted:
+            return _substituted[id(fn)] == op_name
+        if not isinstance(fn, types.FunctionType):
+            return False
+        try:
+            torch.compiler.substitute_in_graph(fn, skip_signature_check=True)(traceable)
+        except ValueError as exc:  # dynamo already has a rule for fn: wrap it instead
+            _log.debug("%s: %s; binding a wrapper", op_name, exc)
+            return False
+        _substituted[id(fn)] = op_name
+        return True

@@ -1,0 +1,155 @@
+"""What each op's ``torch.library`` custom op needs beyond its contract: the layer's state.
+
+An implementation takes the layer object first (``fn(obj, x, ...)``); a custom op can only take
+tensors and plain values. So each op declares, once, the layer attributes its contract reads
+(the attributes the contract's layer stand-ins carry) with their schema types, and which call
+arguments an implementation may write. :mod:`sglang_fl.graph` turns that into the op's schema;
+the custom op rebuilds a layer stand-in from the attribute values and calls the chosen
+implementation with it. ``core/tests/test_graph.py`` checks every declaration against the
+contract's own cases, so a new attribute or a new in-place result cannot be missed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from .._strenum import StrEnum
+
+__all__ = ["GRAPH_SPECS", "FieldType", "GraphSpec", "LayerField"]
+
+
+class FieldType(StrEnum):
+    """A layer attribute's type, spelled as in a ``torch.library`` schema."""
+
+    TENSOR = "Tensor"
+    OPTIONAL_TENSOR = "Tensor?"
+    FLOAT = "float"
+    OPTIONAL_FLOAT = "float?"
+    INT = "int"
+    OPTIONAL_INT = "int?"
+    OPTIONAL_INT_LIST = "int[]?"
+    BOOL = "bool"
+    STR = "str"
+    DTYPE = "ScalarType"
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` can be passed as an argument of this schema type."""
+        if value is None:
+            return self.endswith("?")
+        base = self.removesuffix("?")
+        if base == "int[]":
+            return isinstance(value, (list, tuple)) and all(_is_int(v) for v in value)
+        checks: Mapping[str, Callable[[Any], bool]] = {
+            "Tensor": lambda v: isinstance(v, torch.Tensor),
+            "float": lambda v: isinstance(v, float) or _is_int(v),
+            "int": _is_int,
+            "bool": lambda v: isinstance(v, bool),
+            "str": lambda v: isinstance(v, str),
+            "ScalarType": lambda v: isinstance(v, torch.dtype),
+        }
+        return checks[base](value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class LayerField:
+    """One attribute of the layer (``obj.<name>``) that an implementation may read."""
+
+    name: str
+    type: FieldType
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """An op's layer attributes and the call arguments an implementation may write.
+
+    ``layer_fields`` is ``None`` for a kernel function, whose ``obj`` is ``None``. ``fake``
+    computes the outputs' shapes and dtypes where the contract's reference cannot run on fake
+    tensors (it reads values, e.g. to count tokens per expert); otherwise the reference does.
+    """
+
+    layer_fields: tuple[LayerField, ...] | None
+    mutates: tuple[str, ...] = ()
+    fake: Callable[..., Any] | None = None
+    # For an op that returns one tensor alone or a pair (rms_norm without or with ``residual``):
+    # the argument the second output is written into, so the custom op always returns one.
+    second_output_into: str | None = None
+
+
+def _fields(**types: FieldType) -> tuple[LayerField, ...]:
+    return tuple(LayerField(name, field_type) for name, field_type in types.items())
+
+
+def _fused_moe_fake(
+    obj: Any,
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """``[num_tokens, hidden]`` in ``x``'s dtype: the reference sorts tokens by their values."""
+    return x.new_empty((x.shape[0], w2.shape[1]))
+
+
+F = FieldType
+_GEMMA_NORM = _fields(weight=F.TENSOR, variance_epsilon=F.FLOAT)
+_NORM = (*_GEMMA_NORM, *_fields(hidden_size=F.INT))
+_ROPE = _fields(head_size=F.INT, rotary_dim=F.INT, is_neox_style=F.BOOL, cos_sin_cache=F.TENSOR)
+
+GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
+    {
+        "silu_and_mul": GraphSpec(_fields()),
+        "gelu_and_mul": GraphSpec(_fields(approximate=F.STR)),
+        "gelu_new": GraphSpec(_fields()),
+        "gelu_quick": GraphSpec(_fields()),
+        "rms_norm": GraphSpec(_NORM, mutates=("x", "residual"), second_output_into="residual"),
+        "gemma_rms_norm": GraphSpec(
+            _GEMMA_NORM, mutates=("x", "residual"), second_output_into="residual"
+        ),
+        "layer_norm": GraphSpec(
+            _fields(
+                hidden_size=F.INT,
+                variance_epsilon=F.FLOAT,
+                elementwise_affine=F.BOOL,
+                use_bias=F.BOOL,
+                dtype=F.DTYPE,
+                weight=F.OPTIONAL_TENSOR,
+                bias=F.OPTIONAL_TENSOR,
+            )
+        ),
+        "rotary_embedding": GraphSpec(_ROPE, mutates=("query", "key")),
+        "mrotary_embedding": GraphSpec(
+            (
+                *_ROPE,
+                *_fields(mrope_section=F.OPTIONAL_INT_LIST, mrope_interleaved=F.BOOL),
+            ),
+            mutates=("query", "key"),
+        ),
+        "clamp_position": GraphSpec(_fields()),
+        "topk": GraphSpec(
+            _fields(
+                top_k=F.INT,
+                renormalize=F.BOOL,
+                scoring_func=F.STR,
+                use_grouped_topk=F.BOOL,
+                num_expert_group=F.OPTIONAL_INT,
+                topk_group=F.OPTIONAL_INT,
+                correction_bias=F.OPTIONAL_TENSOR,
+                routed_scaling_factor=F.OPTIONAL_FLOAT,
+                apply_routed_scaling_factor_on_output=F.BOOL,
+            )
+        ),
+        "fused_moe": GraphSpec(_fields(num_experts=F.INT), fake=_fused_moe_fake),
+        "fused_gate_sigmoid_mul": GraphSpec(None, mutates=("addend",)),
+    }
+)
