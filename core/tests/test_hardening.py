@@ -6,12 +6,12 @@ these are the pieces: calling plugin code, the registry's states and keys, fresh
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 import pytest
+from forking import needs_fork, run_in_child
 
 from sglang_fl import runtime as runtime_module
 from sglang_fl.config import Settings
@@ -283,30 +283,6 @@ def test_runtime_calls_from_plugin_code_are_clear_errors():
 
 # -- fork: fresh locks in the child ---------------------------------------------------------------
 
-needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
-
-
-def child_exit_code(body, timeout: float = 20.0) -> int:
-    """Fork, run ``body()`` in the child (its exit code), kill it after ``timeout``: a hang."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 98
-        try:
-            code = int(body())
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"forked child did not finish within {timeout}s: deadlock")
-
 
 @needs_fork
 @pytest.mark.parametrize("owner_name", ["dispatch report", "chip sdk"])
@@ -333,7 +309,7 @@ def test_a_lock_held_by_a_parent_thread_is_fresh_in_the_child(owner_name, tmp_pa
                 return 0 if log.read_text().count("\n") == 1 else 11
             return 0 if sdk.probe().available else 12
 
-        assert child_exit_code(child) == 0
+        assert run_in_child(child) == 0
     finally:
         release.set()
         holder.join(10)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 import pytest
 import torch
+from forking import needs_fork, run_in_child
 
 import sglang_fl
 from sglang_fl import runtime as runtime_module
 from sglang_fl.ops import STANDARD_OPS
-
-needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 
 
 @pytest.fixture
@@ -191,36 +189,6 @@ def test_concurrent_resolution_probes_once(plugin_site, monkeypatch):
 
 
 # -- fork -----------------------------------------------------------------------------------------
-
-
-def run_in_child(body, timeout: float = 20.0) -> int:
-    """Fork; run ``body()`` in the child (its return value is the exit code); wait with a timeout.
-
-    A child that does not finish in time is killed and the test fails: that is a deadlock.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 99
-        try:
-            code = int(body())
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 98
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"forked child did not finish within {timeout}s: deadlock")
 
 
 def reference_result_ok(runtime) -> bool:

@@ -34,8 +34,10 @@ __all__ = [
     "LayerRouter",
     "NormResult",
     "Plan",
+    "Rotate",
     "norm_rows",
     "qualname",
+    "rotate_heads",
     "rows_forward",
 ]
 
@@ -145,6 +147,43 @@ class CosSinHalves:
             memo = (cache, cos.contiguous(), sin.contiguous())
             self.halves[dtype] = memo
         return memo[1], memo[2]
+
+
+Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def rotate_heads(layer: Any, fn: Forward) -> tuple[Rotate, CosSinHalves]:
+    """``rotary_embedding`` applied the way both engines' rope layers are called.
+
+    The returned ``rotate(positions, query, key)`` takes flat ``[tokens]`` positions and
+    ``query``/``key`` of ``[tokens, heads * head_size]`` (or with a heads dimension), rotates
+    the rotary part of each head in place, as the engines' kernels do, and returns
+    ``(query, key)``. The :class:`CosSinHalves` it reads comes with it, for inspection.
+    """
+    head_size = layer.head_size
+    rotary_dim = layer.rotary_dim
+    partial = rotary_dim < head_size
+    interleaved = not layer.is_neox_style
+    cos_sin = CosSinHalves(layer)
+
+    def rotate(
+        positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = positions.shape[0]
+        q = query.view(num_tokens, -1, head_size)
+        k = key.view(num_tokens, -1, head_size)
+        if partial:
+            q = q[..., :rotary_dim]
+            k = k[..., :rotary_dim]
+        cos, sin = cos_sin(query.dtype, query.device)
+        q_out, k_out = fn(layer, q, k, cos, sin, positions, interleaved, True)
+        if q_out is not q:
+            q.copy_(q_out)
+        if k_out is not k:
+            k.copy_(k_out)
+        return query, key
+
+    return rotate, cos_sin
 
 
 @dataclass(frozen=True)

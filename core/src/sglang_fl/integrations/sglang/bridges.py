@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from .. import routing
-from ..routing import CosSinHalves, Forward, Handoff, NormResult, norm_rows, rows_forward
+from ..routing import (
+    Forward,
+    Handoff,
+    NormResult,
+    norm_rows,
+    rotate_heads,
+    rows_forward,
+)
 from .compat import LAYER_CLASSES
 
 __all__ = ["BRIDGES", "Bridge", "Forward", "Handoff"]
@@ -99,12 +106,8 @@ class RotaryEmbeddingBridge(Bridge):
     op_name = "rotary_embedding"
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
-        head_size = layer.head_size
-        rotary_dim = layer.rotary_dim
-        partial = rotary_dim < head_size
-        interleaved = not layer.is_neox_style
         sglang: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sglang_forward
-        cos_sin = CosSinHalves(layer)
+        rotate, cos_sin = rotate_heads(layer, fn)
 
         def rotary_embedding(
             positions: torch.Tensor,
@@ -124,20 +127,7 @@ class RotaryEmbeddingBridge(Bridge):
                 return sglang(positions, query, key, offsets, fused_set_kv_buffer_arg)
             if offsets is not None:
                 positions = positions + offsets
-            positions = positions.reshape(-1)
-            num_tokens = positions.shape[0]
-            q = query.view(num_tokens, -1, head_size)
-            k = key.view(num_tokens, -1, head_size)
-            if partial:
-                q = q[..., :rotary_dim]
-                k = k[..., :rotary_dim]
-            cos, sin = cos_sin(query.dtype, query.device)
-            q_out, k_out = fn(layer, q, k, cos, sin, positions, interleaved, True)
-            if q_out is not q:
-                q.copy_(q_out)
-            if k_out is not k:
-                k.copy_(k_out)
-            return query, key
+            return rotate(positions.reshape(-1), query, key)
 
         rotary_embedding.cos_sin_halves = cos_sin.halves  # type: ignore[attr-defined]  # inspection
         return rotary_embedding

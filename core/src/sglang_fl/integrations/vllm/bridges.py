@@ -14,7 +14,14 @@ import torch
 
 from ...ops.gelu_and_mul import APPROXIMATIONS
 from .. import routing
-from ..routing import CosSinHalves, Forward, Handoff, NormResult, norm_rows, rows_forward
+from ..routing import (
+    Forward,
+    Handoff,
+    NormResult,
+    norm_rows,
+    rotate_heads,
+    rows_forward,
+)
 
 __all__ = ["BRIDGES", "VllmBridge"]
 
@@ -172,11 +179,7 @@ class RotaryEmbeddingBridge(VllmBridge):
     op_name = "rotary_embedding"
 
     def bind(self, layer: Any, fn: Forward, vllm_forward: Forward, handoff: Handoff) -> Forward:
-        head_size = layer.head_size
-        rotary_dim = layer.rotary_dim
-        partial = rotary_dim < head_size
-        interleaved = not layer.is_neox_style
-        cos_sin = CosSinHalves(layer)
+        rotate, _ = rotate_heads(layer, fn)
 
         def rotary_embedding(
             positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
@@ -185,20 +188,7 @@ class RotaryEmbeddingBridge(VllmBridge):
                 handoff("a call without key (cross-layer KV sharing) is vLLM's own path")
                 vllm_rotated: Rotated = vllm_forward(positions, query, key)
                 return vllm_rotated
-            positions = positions.flatten()
-            num_tokens = positions.shape[0]
-            q = query.view(num_tokens, -1, head_size)
-            k = key.view(num_tokens, -1, head_size)
-            if partial:
-                q = q[..., :rotary_dim]
-                k = k[..., :rotary_dim]
-            cos, sin = cos_sin(query.dtype, query.device)
-            q_out, k_out = fn(layer, q, k, cos, sin, positions, interleaved, True)
-            if q_out is not q:
-                q.copy_(q_out)
-            if k_out is not k:
-                k.copy_(k_out)
-            return query, key
+            return rotate(positions.flatten(), query, key)
 
         return rotary_embedding
 
