@@ -117,7 +117,8 @@ HOOKS = Distribution(
     "sglang-fl-hostile-hooks",
     "0.1.0",
     {
-        # Two entry points naming one module: the second must fail, the first load.
+        # Two entry points naming one module: the second must fail, the first load (the
+        # module registers under the first one's name, as the identity rule asks).
         "dup_a": "hostile_hooks.dup",
         "dup_b": "hostile_hooks.dup",
         "lazy_sdk": "hostile_hooks.lazy_sdk",
@@ -138,7 +139,7 @@ HOOKS = Distribution(
     },
     {
         "hostile_hooks/__init__.py": "",
-        "hostile_hooks/dup.py": _REGISTERS_ONE.format(name="dup"),
+        "hostile_hooks/dup.py": _REGISTERS_ONE.format(name="dup_a"),
         # PEP 562: every attribute the module lacks is looked up in an SDK that is not installed.
         "hostile_hooks/lazy_sdk.py": _REGISTERS_ONE.format(name="lazy_sdk")
         + """
@@ -353,7 +354,7 @@ def silu_and_mul(obj, x):
 @hookimpl
 def sglang_fl_register_ops(registry):
     for name, probe in PROBES.items():
-        registry.register(OpImpl("silu_and_mul", f"vendor.probe_{name}", BackendImplKind.VENDOR,
+        registry.register(OpImpl("silu_and_mul", f"vendor.probed.{name}", BackendImplKind.VENDOR,
                                  silu_and_mul, "probed", priority=1000, available=probe))
 """
 
@@ -388,8 +389,8 @@ def silu_and_mul(obj, x):
 
 
 def attempt(registry):
-    impl = OpImpl("silu_and_mul", "vendor.latecomer", BackendImplKind.VENDOR, silu_and_mul,
-                  "latecomer", priority=10_000)
+    impl = OpImpl("silu_and_mul", "vendor.aa_latecomer", BackendImplKind.VENDOR, silu_and_mul,
+                  "aa_latecomer", priority=10_000)
     try:
         registry.register(impl)
         ACCEPTED.append("register")
@@ -432,8 +433,8 @@ def rms_norm(obj, x, residual=None):
 @hookimpl
 def sglang_fl_register_ops(registry):
     time.sleep(0.5)  # the latecomer's thread keeps trying meanwhile
-    registry.register(OpImpl("rms_norm", "vendor.innocent", BackendImplKind.VENDOR, rms_norm,
-                             "innocent"))
+    registry.register(OpImpl("rms_norm", "vendor.zz_innocent", BackendImplKind.VENDOR, rms_norm,
+                             "zz_innocent"))
 """
 
 # A plugin that stamps core's provenance on its own registration: the loader's wins.
@@ -466,8 +467,8 @@ def gelu_new(obj, x):
 @hookimpl
 def sglang_fl_register_ops(registry):
     with registry.plugin_scope(Provenance("reference", "sglang-fl", "0.1.0")):
-        registry.register(OpImpl("gelu_new", "vendor.nested", BackendImplKind.VENDOR,
-                                 gelu_new, "nested"))
+        registry.register(OpImpl("gelu_new", "vendor.nested_scope", BackendImplKind.VENDOR,
+                                 gelu_new, "nested_scope"))
 """
 
 REGISTRARS = Distribution(

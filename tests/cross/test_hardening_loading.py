@@ -214,8 +214,8 @@ def test_each_attack_fails_only_its_own_plugin(path, cli_plugins, api):
 
 def test_failed_plugins_left_nothing_and_the_first_duplicate_works(api):
     gelu = candidates(api["decisions"]["gelu_and_mul"])
-    assert set(gelu) == {"vendor.dup", "vendor.lazy_sdk", "reference.gelu_and_mul"}
-    assert (gelu["vendor.dup"]["plugin"], gelu["vendor.dup"]["distribution"]) == (
+    assert set(gelu) == {"vendor.dup_a", "vendor.lazy_sdk", "reference.gelu_and_mul"}
+    assert (gelu["vendor.dup_a"]["plugin"], gelu["vendor.dup_a"]["distribution"]) == (
         "dup_a",
         "sglang-fl-hostile-hooks",
     )
@@ -241,12 +241,12 @@ PROBE_REASONS = {
 RESOLVING_PROBE = {
     "api": (
         "availability probe raised SglangFlError: the availability probe of "
-        "'vendor.probe_resolves' asked to resolve op 'rms_norm': plugin code (hooks, "
+        "'vendor.probed.resolves' asked to resolve op 'rms_norm': plugin code (hooks, "
         "availability probes) cannot resolve ops"
     ),
     "cli": (
         "availability probe raised PluginLoadError: get_runtime() was called from the "
-        "availability probe of 'vendor.probe_resolves' before the runtime finished loading"
+        "availability probe of 'vendor.probed.resolves' before the runtime finished loading"
     ),
 }
 
@@ -257,7 +257,7 @@ def test_probes_that_raise_exit_reenter_or_block_are_unavailable(path, cli_ops, 
     found = candidates(decision)
     assert decision["chosen"] == "vendor.goodchip"
     for probe in PROBE_IDS:
-        verdict = found[f"vendor.probe_{probe}"]
+        verdict = found[f"vendor.probed.{probe}"]
         assert verdict["available"] is False
         assert verdict["outcome"] == "rejected"
         expected = RESOLVING_PROBE[path] if probe == "resolves" else PROBE_REASONS[probe]
@@ -269,7 +269,7 @@ def test_text_ops_survives_the_probes(sites):
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("silu_and_mul")]
     assert any("*vendor.goodchip" in row for row in rows)
-    assert sum("vendor.probe_" in row for row in rows) == len(PROBE_IDS)
+    assert sum("vendor.probed." in row for row in rows) == len(PROBE_IDS)
 
 
 # -- group 3: registrations belong to the plugin that made them, and only while it loads ---------
@@ -288,11 +288,11 @@ def test_a_failed_plugins_thread_never_registers(api, cli_ops):
         in refusals
     )
     for decision in (api["decisions"]["silu_and_mul"], cli_ops["silu_and_mul"]):
-        assert "vendor.latecomer" not in candidates(decision)
+        assert "vendor.aa_latecomer" not in candidates(decision)
 
 
 def test_the_innocent_plugin_keeps_its_registration(api):
-    innocent = candidates(api["decisions"]["rms_norm"])["vendor.innocent"]
+    innocent = candidates(api["decisions"]["rms_norm"])["vendor.zz_innocent"]
     assert (innocent["plugin"], innocent["outcome"]) == ("zz_innocent", "chosen")
 
 
@@ -303,7 +303,7 @@ def test_provenance_comes_from_the_loader(api, cli_ops):
             "forger",
             "sglang-fl-hostile-registrars",
         )
-        assert "vendor.nested" not in candidates(decision)
+        assert "vendor.nested_scope" not in candidates(decision)
 
 
 def test_nobody_registers_after_loading(api):
