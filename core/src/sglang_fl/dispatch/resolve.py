@@ -219,33 +219,44 @@ def _bind_chain(op_name: str, chain: list[OpImpl]) -> Callable[..., Any]:
     """The chosen fn itself, or one closure walking the chain while candidates decline.
 
     A loop, not nested closures: a chain of any length (a thousand plugins declining) costs
-    one stack frame, and an ``Unsupported`` handled here is not the ``__context__`` of the
+    two stack frames, and an ``Unsupported`` handled here is not the ``__context__`` of the
     next candidate's exceptions.
     """
     if len(chain) == 1:
         return chain[0].fn
     steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-    may_decline, last = steps[:-1], chain[-1].fn
-    warned = [False] * len(may_decline)
+    first, last = steps[0][1], steps[-1][1]
+    warned = [False] * (len(steps) - 1)
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        for index, (impl_id, fn) in enumerate(may_decline):
+    def declined(index: int, exc: Unsupported) -> None:
+        if not warned[index]:
+            warned[index] = True
+            _log.warning(
+                "%s: %s declined a call (%s); handing it to %s (warned once per process)",
+                op_name,
+                steps[index][0],
+                exc,
+                steps[index + 1][0],
+            )
+
+    def after_first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        for index in range(1, len(steps) - 1):
             try:
-                return fn(*args, **kwargs)
+                return steps[index][1](*args, **kwargs)
             except Unsupported as exc:  # the next candidate runs after this block
-                if not warned[index]:
-                    warned[index] = True
-                    _log.warning(
-                        "%s: %s declined a call (%s); handing it to %s (warned once per process)",
-                        op_name,
-                        impl_id,
-                        exc,
-                        steps[index + 1][0],
-                    )
+                declined(index, exc)
         return last(*args, **kwargs)
 
-    first, rest = chain[0].impl_id, ", ".join(impl.impl_id for impl in chain[1:])
-    call.__name__ = f"{op_name}_via_{first}"
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # The common case, the first candidate accepting, costs one frame and a try.
+        try:
+            return first(*args, **kwargs)
+        except Unsupported as exc:
+            declined(0, exc)
+        return after_first(args, kwargs)
+
+    first_id, rest = chain[0].impl_id, ", ".join(impl.impl_id for impl in chain[1:])
+    call.__name__ = f"{op_name}_via_{first_id}"
     call.__qualname__ = call.__name__
-    call.__doc__ = f"{first}, handing Unsupported calls on to, in order: {rest}."
+    call.__doc__ = f"{first_id}, handing Unsupported calls on to, in order: {rest}."
     return call
