@@ -289,8 +289,9 @@ def bench(session: nox.Session) -> None:
     install_sglang(session)
     install_real_model_deps(session)
     session.install("matplotlib")
-    wheels = [str(wheel) for wheel in build(session, *distribution_dirs()).values()]
-    session.install(*wheels)
+    built = list(build(session, *distribution_dirs()).values())
+    install_built(session, *built)  # a reused (-r) venv must measure this checkout's code
+    wheels = [str(wheel) for wheel in built]
     run = ["python", "benchmarks/run.py"]
     parts = requested_bench_parts(session.posargs)
     if parts is None or "startup" in parts:
