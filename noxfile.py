@@ -188,7 +188,8 @@ def install_sglang_and_core(session: nox.Session) -> Path:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree (lint rules, formatting); mypy over core's and the vendors' code.
+    """ruff over the whole tree (lint rules, formatting); mypy over core's and the vendors' code;
+    import-linter's contracts over core's layers and the vendors' imports.
 
     mypy reads the real torch, pluggy and pytest types (configured in pyproject.toml,
     ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not.
@@ -199,6 +200,11 @@ def lint(session: nox.Session) -> None:
     install_torch_cpu(session)
     session.install("mypy>=1.11", "pluggy>=1.3", "packaging>=21", "pytest>=7")
     session.run("mypy")
+    # The import layers (pyproject.toml, [tool.importlinter]): core and the vendors installed
+    # without dependencies (editable: nothing is built), so import-linter finds every package.
+    session.install("import-linter>=2.1")
+    session.install("--no-deps", "-e", str(CORE), *(f"-e{VENDORS / n}" for n in VENDOR_NAMES))
+    session.run("lint-imports", "--no-cache")
 
 
 @nox.session

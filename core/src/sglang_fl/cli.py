@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from . import __version__, scaffold
+from . import scaffold
+from ._version import __version__
 from .config import Settings
 from .dispatch.identity import IDENTITY_RULE
 from .dispatch.resolve import CandidateOutcome

@@ -10,14 +10,13 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .dispatch.types import BackendImplKind, OpImpl
+from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, is_valid_name
 from .errors import ConfigError
 from .ops import STANDARD_OPS, unknown_op_message
 from .schema import ConfigurationJson
@@ -40,62 +39,8 @@ __all__ = [
 
 ENV_PREFIX = "SGLANG_FL_"
 _log = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# What a plugin (entry-point) or vendor name may be: what the name-list settings can spell.
-NAME_HELP = "a letter or digit, then letters, digits, '_', '.' or '-'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-# Where a setting that no file or variable sets comes from (``sglang-fl doctor``, decisions).
-DEFAULT_SOURCE = "default"
-# ``impl:<impl_id>`` names one implementation; every other token is a BackendImplKind value.
-IMPL_TOKEN = "impl"
-TOKEN_HELP = ", ".join(
-    [
-        *(
-            f"{kind}, {kind}:<name>" if kind is BackendImplKind.VENDOR else str(kind)
-            for kind in BackendImplKind
-        ),
-        f"{IMPL_TOKEN}:<impl_id>",
-    ]
-)
-
-
-@dataclass(frozen=True)
-class OrderToken:
-    """One entry of a selection order: a kind, a named vendor, or one implementation.
-
-    ``kind`` is a :class:`BackendImplKind` (``value``: the vendor, for ``vendor:<name>``) or
-    :data:`IMPL_TOKEN` (``value``: the impl_id).
-    """
-
-    kind: BackendImplKind | str
-    value: str | None = None
-
-    def __str__(self) -> str:
-        return str(self.kind) if self.value is None else f"{self.kind}:{self.value}"
-
-    @classmethod
-    def parse(cls, text: str, where: str) -> OrderToken:
-        token = text.strip()
-        kind, sep, value = token.partition(":")
-        if not sep and kind in _KIND_TOKENS:
-            return cls(BackendImplKind(kind))
-        if sep and kind == BackendImplKind.VENDOR and value and is_valid_name(value):
-            return cls(BackendImplKind.VENDOR, value)
-        if sep and kind == IMPL_TOKEN and value and is_valid_name(value):
-            return cls(IMPL_TOKEN, value)
-        raise ConfigError(f"{where}: invalid selection token {token!r}; allowed: {TOKEN_HELP}")
-
-    def matches(self, impl: OpImpl) -> bool:
-        """Whether ``impl`` is one of the implementations this token names."""
-        if self.kind == IMPL_TOKEN:
-            return impl.impl_id == self.value
-        return impl.kind == self.kind and (self.value is None or impl.vendor == self.value)
-
-
-# The order used when no setting gives one: every kind, in BackendImplKind's order.
-DEFAULT_ORDER = tuple(OrderToken(kind) for kind in BackendImplKind)
-_KIND_TOKENS = {kind.value for kind in BackendImplKind}
 
 
 def _parse_bool(raw: Any, where: str) -> bool:
@@ -120,11 +65,6 @@ def _parse_trace(raw: Any, where: str) -> bool | Path:
         f"{where}={raw!r} is neither a boolean nor a file path; allowed: 1, 0, true, false, "
         "yes, no, or a path containing '/' (e.g. ./trace.log)"
     )
-
-
-def is_valid_name(name: str) -> bool:
-    """Whether ``name`` can be written in the plugin and vendor name lists."""
-    return _NAME.fullmatch(name) is not None
 
 
 def _parse_names(raw: Any, where: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl.ops.gelu_and_mul import check_approximate
+from sglang_fl.ops.activation.gelu_and_mul import check_approximate
 
 from ..backend import TORCH_NPU
 

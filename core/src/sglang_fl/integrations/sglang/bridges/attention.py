@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from .bridges import Bridge, Forward, Handoff
+from ...routing import Forward, Handoff
+from .base import Bridge
 
 __all__ = ["ClampPositionBridge"]
 

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from ...ops.moe import MoeActivation, ScoringFunc
-from .bridges import Bridge, Forward, Handoff
-from .compat import LAYER_CLASSES
+from ....ops.moe import MoeActivation, ScoringFunc
+from ...routing import Forward, Handoff
+from ..compat import LAYER_CLASSES
+from .base import Bridge
 
 __all__ = ["FusedMoEBridge", "TopKBridge"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .contract import STANDARD_DTYPES, STANDARD_TOLERANCES, OpContract
+from ..contract import STANDARD_DTYPES, STANDARD_TOLERANCES, OpContract
 from .elementwise import ELEMENTWISE_CASES, elementwise_inputs
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .contract import TOKEN_COUNTS, OpCase, OpInputs, axis, case_grid, layer, random_tensor
+from ..contract import TOKEN_COUNTS, OpCase, OpInputs, axis, case_grid, layer, random_tensor
 
 
 def _case_name(p: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .contract import (
+from ..contract import (
     STANDARD_DTYPES,
     STANDARD_TOLERANCES,
     TOKEN_COUNTS,

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.gelu_and_mul import APPROXIMATIONS
-from ..routing import rows_forward
-from .bridges import Bridge, Forward, Handoff
+from ....ops.activation.gelu_and_mul import APPROXIMATIONS
+from ...routing import Forward, Handoff, rows_forward
+from .base import Bridge
 
-__all__ = ["GeluAndMulBridge", "GeluNewBridge", "GeluQuickBridge"]
+__all__ = ["GeluAndMulBridge", "GeluNewBridge", "GeluQuickBridge", "SiluAndMulBridge"]
+
+
+class SiluAndMulBridge(Bridge):
+    op_name = "silu_and_mul"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        return rows_forward(layer, fn, halves=True)
 
 
 class GeluAndMulBridge(Bridge):

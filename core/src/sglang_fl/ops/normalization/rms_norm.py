@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .contract import (
+from ..contract import (
     STANDARD_DTYPES,
     STANDARD_TOLERANCES,
     OpCase,

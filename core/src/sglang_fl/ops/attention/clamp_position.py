@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .contract import OpCase, OpContract, OpInputs, Tolerance, axis, case_grid, layer
+from ..contract import OpCase, OpContract, OpInputs, Tolerance, axis, case_grid, layer
 
 # Sequence lengths come as int32 or int64 depending on the attention backend.
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)

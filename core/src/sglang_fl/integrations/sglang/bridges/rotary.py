@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .bridges import Bridge, Forward, Handoff
+from ...routing import Forward, Handoff, rotate_heads
+from .base import Bridge
 
-__all__ = ["MRotaryEmbeddingBridge"]
+__all__ = ["MRotaryEmbeddingBridge", "RotaryEmbeddingBridge"]
+
+
+class RotaryEmbeddingBridge(Bridge):
+    op_name = "rotary_embedding"
+
+    def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
+        sglang: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sglang_forward
+        rotate, cos_sin = rotate_heads(layer, fn)
+
+        def rotary_embedding(
+            positions: torch.Tensor,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            offsets: torch.Tensor | None = None,
+            fused_set_kv_buffer_arg: Any = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if fused_set_kv_buffer_arg is not None:
+                handoff(
+                    "fused_set_kv_buffer_arg (rope fused with the KV-cache write) is "
+                    "SGLang's own path"
+                )
+                return sglang(positions, query, key, offsets, fused_set_kv_buffer_arg)
+            if "sin_cos_cache" in layer.__dict__:
+                handoff("a precomputed sin_cos_cache on the layer is SGLang's own path")
+                return sglang(positions, query, key, offsets, fused_set_kv_buffer_arg)
+            if offsets is not None:
+                positions = positions + offsets
+            return rotate(positions.reshape(-1), query, key)
+
+        rotary_embedding.cos_sin_halves = cos_sin.halves  # type: ignore[attr-defined]  # inspection
+        return rotary_embedding
 
 
 class MRotaryEmbeddingBridge(Bridge):

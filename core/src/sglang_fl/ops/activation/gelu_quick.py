@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .contract import STANDARD_DTYPES, STANDARD_TOLERANCES, OpContract
+from ..contract import STANDARD_DTYPES, STANDARD_TOLERANCES, OpContract
 from .elementwise import ELEMENTWISE_CASES, elementwise_inputs
 
 

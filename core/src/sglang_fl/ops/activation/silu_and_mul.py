@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .contract import (
+from ..contract import (
     STANDARD_DTYPES,
     STANDARD_TOLERANCES,
     OpCase,
