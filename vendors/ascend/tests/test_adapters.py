@@ -25,16 +25,11 @@ from torch_npu_double import TorchNpuDouble
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.vendor import VendorSuite
 
-REGISTRY = registered_by(plugin.sglang_fl_register_ops)
-IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op)}
-CASES = [
-    pytest.param(op, case, dtype, id=f"{op}/{case_id}")
-    for op in STANDARD_OPS
-    if op in IMPLS
-    for case, dtype, case_id in contract_grid(op)
-]
+SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
+REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
 # torch_npu has no operator of its own for these: SGLang's forward_npu runs forward_native
 # (LayerNorm) or has no NPU path (ClampPositionOp, Qwen2-MoE's gate function); the reference
 # runs on torch_npu's aten ops.

@@ -14,7 +14,12 @@ import pytest
 import torch
 from torch_npu_double import TorchNpuDouble
 
-from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
+from sglang_fl.testing.doubles import (
+    Constraint,
+    ConstraintViolation,
+    assert_rejects,
+    constraint_tests,
+)
 
 D = TorchNpuDouble
 Call = Callable[[TorchNpuDouble], object]
@@ -297,9 +302,7 @@ def test_return_conventions() -> None:
 )
 def test_mrope_sections_must_match_the_positions(call: Call) -> None:
     """[3, tokens] positions need sections covering rotary_dim // 2 lanes; [tokens] none."""
-    with pytest.raises(ConstraintViolation) as info:
-        call(TorchNpuDouble())
-    assert info.value.constraint is D.MROPE_POSITIONS
+    assert_rejects(TorchNpuDouble(), D.MROPE_POSITIONS, call)
 
 
 def test_geglu_returns_the_product_and_the_gelu() -> None:
