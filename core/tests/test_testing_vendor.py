@@ -154,5 +154,5 @@ def test_topk_config_has_every_attribute_the_contract_reads() -> None:
     assert (config.top_k, config.scoring_func, config.renormalize) == (3, "sigmoid", True)
     weights, ids = get_contract("topk").reference(config, torch.randn(2, 8))
     assert weights.shape == ids.shape == (2, 3)
-    with pytest.raises(TypeError, match=r"unknown \['topk'\]"):
+    with pytest.raises(TypeError, match=r"unknown attribute\(s\) \['topk'\]"):
         topk_config(3, topk=2)
