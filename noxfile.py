@@ -224,12 +224,19 @@ def run_pytest(
     )
 
 
+DOCS_REQUIREMENTS = ROOT / "requirements" / "docs.txt"
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree (lint rules, formatting); mypy over core's and the vendors' code.
+    """ruff over the whole tree; mypy over core's and the vendors' code; the documentation site.
 
     mypy reads the real torch, pluggy and pytest types (configured in pyproject.toml,
-    ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not.
+    ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not. The site
+    (mkdocs.yml, requirements/docs.txt) is built with ``--strict``: a broken link or anchor, a
+    page missing from the navigation or an API reference that does not resolve fails the
+    session. Its API pages read core's source as it stands (``core/src``), so nothing is built
+    for them; the site goes to a temporary directory.
     """
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
@@ -237,6 +244,10 @@ def lint(session: nox.Session) -> None:
     install_torch_cpu(session)
     session.install("mypy>=1.11", "pluggy>=1.3", "packaging>=21", "pytest>=7")
     session.run("mypy")
+    session.install("-r", str(DOCS_REQUIREMENTS))
+    site = Path(session.create_tmp()) / "site"
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2, not a build warning
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env=quiet)
 
 
 @nox.session
@@ -322,8 +333,8 @@ def bench(session: nox.Session) -> None:
     Two environments: this session's (SGLang, every sglang-fl wheel, the real model's needs,
     matplotlib) and a small one for the start-up measurements (CPU torch and the wheels), built
     only when that part runs. Writes benchmarks/results/latest.{json,md}, startup.png and
-    e2e.{json,md} and prints the tables; ``-- --update-readme`` also refreshes the README's
-    tables, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
+    e2e.{json,md} and prints the tables; ``-- --update-docs`` also refreshes the tables
+    of docs/benchmarks.md, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
     """
     install_sglang(session)
     install_real_model_deps(session)

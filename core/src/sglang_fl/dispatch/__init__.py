@@ -1,0 +1,1 @@
+"""Selection and dispatch: registry, availability probes, selection policy, resolution."""
