@@ -1,6 +1,6 @@
 """``sglang-fl``: which plugins loaded, which kernel won for every op, and why.
 
-Every command has ``--json`` whose shape is documented in the README ("Inspection") and
+Every command has ``--json`` whose shape is documented in docs/reference/cli.md and
 versioned by ``schema_version``. A plugin that fails to load is reported, never fatal here.
 """
 
