@@ -5,6 +5,8 @@ documents the same shapes. They are versioned by :data:`SCHEMA_VERSION`: a key r
 removed is a new version. State fields hold ``str`` enums (:class:`~sglang_fl.loader.PluginStatus`,
 :class:`~sglang_fl.dispatch.resolve.CandidateOutcome`, ...), which JSON writes as their values.
 The provenance of an implementation is turned into fields here only (:func:`provenance_fields`).
+Everything written is strict JSON: a non-finite float is one of the :data:`NON_FINITE` strings
+(:func:`portable_json`), so ``jq`` and ``JSON.parse`` read every payload and log line.
 """
 
 from __future__ import annotations
