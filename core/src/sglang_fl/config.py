@@ -464,7 +464,7 @@ def append_target_problem(path: Path) -> str | None:
     """
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the walk below names the missing part
         mode = None
     except OSError as exc:
         return f"cannot be examined ({exc.strerror or exc})"
