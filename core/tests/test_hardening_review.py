@@ -490,3 +490,33 @@ def test_the_verifiers_lock_is_renewed_in_a_child():
 @needs_fork
 def test_the_custom_op_modules_lock_is_renewed_in_a_child():
     assert held_at_fork(lambda: graph._lock) == 0
+
+
+# -- 2. (platform answers) a class path is an exact str -------------------------------------------
+
+
+def test_platform_answers_are_exact_strings(monkeypatch):
+    from sglang_fl.runtime import Runtime
+
+    class Path(str):
+        def strip(self, *args):
+            raise RuntimeError("strip is plugin code")
+
+    class Namespace:  # hashable, as pluggy needs its plugins to be
+        def __init__(self, **hooks):
+            self.__dict__.update(hooks)
+
+    from sglang_fl.hookspecs import hookimpl
+
+    @hookimpl
+    def sglang_fl_platform():
+        return Path("my.platform.Class")
+
+    plugin = Namespace(sglang_fl_platform=sglang_fl_platform)
+    monkeypatch.setenv("SGLANG_FL_PLUGINS", "")
+    runtime = Runtime(Settings.from_environment())
+    runtime.plugin_manager.register(plugin, name="odd")
+    (answer,) = [a for a in runtime.platform_answers() if a.plugin == "odd"]
+    assert answer.problem is None
+    assert type(answer.path) is str
+    assert answer.path == "my.platform.Class"
