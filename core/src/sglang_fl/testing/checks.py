@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from .._strenum import StrEnum
+from ..config import Settings
 from ..dispatch.availability import AvailabilityCache
 from ..dispatch.registry import OpRegistry
-from ..dispatch.types import Availability, BackendImplKind, OpImpl
+from ..dispatch.types import Availability, OpImpl
 from ..errors import Unsupported
 from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
@@ -53,8 +54,9 @@ class CheckStatus(StrEnum):
 # Short names for the statuses, used by check functions and vendors' own tests.
 PASSED, SKIPPED, FAILED = CheckStatus.PASSED, CheckStatus.SKIPPED, CheckStatus.FAILED
 
-# The kit probes availability once per process, like the runtime (which keeps its own cache).
-_AVAILABILITY = AvailabilityCache()
+# The kit probes availability once per process, like the runtime (which keeps its own cache),
+# waiting for a probe as long as the runtime does (SGLANG_FL_PLUGIN_TIMEOUT): made on first use.
+_AVAILABILITY: AvailabilityCache | None = None
 
 
 @dataclass(frozen=True)
@@ -228,9 +230,7 @@ def plan(
             impl
             for op_name in STANDARD_OPS
             for impl in runtime.registry.implementations(op_name)
-            if impl.provenance is not None
-            and impl.provenance.plugin == record.name
-            and impl.kind is not BackendImplKind.REFERENCE
+            if impl.provenance is not None and impl.provenance.plugin == record.name
         ]
         checks.append(Check(f"{record.name}/plugin", _bind(check_plugin, record, len(impls))))
         impls = [impl for impl in impls if impl.op_name in ops]
@@ -270,7 +270,11 @@ def registered_by(register: Callable[[OpRegistry], object]) -> OpRegistry:
 
 
 def probe(impl: OpImpl) -> Availability:
-    """The implementation's availability, probed at most once per process by the kit."""
+    """The implementation's availability, probed at most once per process by the kit; a probe
+    that does not answer within ``SGLANG_FL_PLUGIN_TIMEOUT`` is unavailable, as at run time."""
+    global _AVAILABILITY
+    if _AVAILABILITY is None:
+        _AVAILABILITY = AvailabilityCache(timeout=Settings.from_environment().plugin_timeout)
     return _AVAILABILITY.check(impl)
 
 
