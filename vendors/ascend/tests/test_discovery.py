@@ -79,6 +79,7 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
         "gelu_new",
         "gelu_quick",
         "gemma_rms_norm",
+        "layer_norm",
         "mrotary_embedding",
         "topk",
         "fused_moe",
@@ -183,7 +184,7 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
             continue
         assert decision["chosen"] == "vendor.ascend", op
         assert ascend_candidate(decision)["availability_reason"] == (
-            "torch_npu 0.0.0+double imported; 2 NPUs"
+            "torch_npu 2.7.1.post2+double imported; 2 NPUs"
         )
     assert found["calls"] == ["npu_swiglu"]
     assert found["shape"] == [2, 4]
