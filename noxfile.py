@@ -193,11 +193,11 @@ def install_sglang_and_core(session: nox.Session) -> Path:
 # hang in minutes. End-to-end tests (SGLang and vLLM engines, fresh venvs, wheel builds) get a
 # generous one, above the hard timeout each of their subprocesses already has (at most 600 s: an
 # engine start, a compile worker), so a hung subprocess still fails with the test's own message
-# first. ``signal`` (SIGALRM): the test
-# raises where it is stuck and its finalizers run, so the engines and servers a fixture started
-# are stopped (their process groups killed) and the session goes on to the next test; the
-# ``thread`` method would end pytest at once and leave them running. A test may carry its own
-# ``@pytest.mark.timeout(N)``; ``-- --timeout=0`` turns the limit off (e.g. under a debugger).
+# first. Method ``signal`` (SIGALRM): the test raises where it is stuck and its finalizers run,
+# so the engines and servers a fixture started are stopped (their process groups killed) and
+# the session goes on to the next test; the ``thread`` method would end pytest at once and
+# leave them running. A test may carry its own ``@pytest.mark.timeout(N)``;
+# ``-- --timeout=0`` turns the limit off (e.g. under a debugger).
 PYTEST_TIMEOUT = "pytest-timeout>=2.3"
 UNIT_TEST_LIMIT_S = 300
 END_TO_END_TEST_LIMIT_S = 900

@@ -8,5 +8,10 @@ scripts="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ "$#" -gt 0 ]; then
     exec "$scripts/nox.sh" "$@"
 fi
-"$scripts/nox.sh" --version >/dev/null  # creates the tools venv (nox) on first use
+# Creates the tools venv (nox) on first use; its messages are shown only if that fails.
+if ! version="$("$scripts/nox.sh" --version 2>&1)"; then
+    echo "$version" >&2
+    exit 1
+fi
+echo "nox $version"
 exec "$scripts/../.venv-tools/bin/python" "$scripts/timed_sessions.py"
