@@ -313,6 +313,6 @@ def test_report_refuses_logs_it_cannot_read(tmp_path, capsys) -> None:
     with pytest.raises(VerifyLogError, match="holds no verify records; run with SGLANG_FL_VERIFY"):
         read_verify_records(unverified)
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"event": "verify"}\nnot json\n')
+    broken.write_text('{"event": "plugin"}\nnot json\n')
     with pytest.raises(VerifyLogError, match=r"broken.jsonl:2: not a JSON record"):
         read_verify_records(broken)

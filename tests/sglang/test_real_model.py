@@ -31,6 +31,9 @@ from sglang_processes import (
 from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
+# The first test also prepares the model (a 93 MB download and a conversion, on a clean clone)
+# and runs two engines: above nox's 900 s per-test limit on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(1800)
 
 # The first question's answer is checked by content too (it names Paris).
 QUESTIONS = [

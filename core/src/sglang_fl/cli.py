@@ -1,6 +1,6 @@
 """``sglang-fl``: which plugins loaded, which kernel won for every op, and why.
 
-Every command has ``--json`` whose shape is documented in the README ("Inspection") and
+Every command has ``--json`` whose shape is documented in docs/reference/cli.md and
 versioned by ``schema_version``. A plugin that fails to load is reported, never fatal here.
 """
 
@@ -45,6 +45,7 @@ from .schema import (
     OpsPayload,
     PluginsPayload,
     TorchReport,
+    portable_json,
     provenance_fields,
 )
 from .verify import read_verify_records, summarize
@@ -98,7 +99,9 @@ def _emit(args: argparse.Namespace, payload: Mapping[str, Any], text: Callable[[
     """``payload`` (one of :mod:`sglang_fl.schema`'s payloads) as JSON, or ``text()``, written
     to the command's own output stream (see :func:`_command_stdout`)."""
     out: TextIO = args.stdout
-    rendered = json.dumps(payload, indent=2) if args.json else text()
+    rendered = (
+        json.dumps(portable_json(payload), indent=2, allow_nan=False) if args.json else text()
+    )
     encoding = getattr(out, "encoding", None) or "utf-8"
     # A lone surrogate (or any character the stream cannot encode) is escaped, not fatal.
     out.write(rendered.encode(encoding, "backslashreplace").decode(encoding) + "\n")
@@ -324,6 +327,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     dispatch_log = runtime.config.dispatch_log_problem()
     if dispatch_log is not None:
         problems.append(f"{dispatch_log}; sglang-fl's SGLang plugin would not start")
+    problems.extend(runtime.config.warnings)  # unknown variables, an empty allow list
     problems.extend(runtime.setting_warnings)
     for op_name in STANDARD_OPS:
         try:

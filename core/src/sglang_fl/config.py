@@ -10,12 +10,14 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._files import append_target_problem
 from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, is_valid_name
 from .errors import ConfigError
 from .ops import STANDARD_OPS, unknown_op_message
@@ -43,12 +45,36 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+# One parsing rule per setting, whatever the source: a variable's text and a TOML value go
+# through the same function (a TOML string is read like the variable's text; a TOML integer
+# like the digits it is written with). Numbers are ASCII digits only: ``int()`` and ``float()``
+# also read other scripts' digits ('٣'), superscripts fail late ('²'.isdigit() is true), and
+# a 5000-digit value exceeds Python's int-conversion limit.
+_ASCII_COUNT = re.compile(r"[0-9]{1,10}")
+_ASCII_SECONDS = re.compile(r"(?:[0-9]{1,10}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})")
+_MAX_COUNT = 10**9  # the largest count a setting takes (verify calls per layer class)
+
+
+def _words(raw: Any) -> str | None:
+    """A variable's text, or a TOML string or integer, as the lower-case ASCII-stripped text
+    the rules compare; ``None`` for any other TOML value (a list, a table, a float...)."""
+    if isinstance(raw, str):
+        return raw.strip(" \t\r\n").lower()
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    return None
+
+
 def _parse_bool(raw: Any, where: str) -> bool:
+    """``true``/``false`` (TOML), or 1, 0, true, false, yes, no, on, off (text or TOML 1/0)."""
     if isinstance(raw, bool):
         return raw
-    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
-        return raw.strip().lower() in _TRUE
-    raise ConfigError(f"{where}={raw!r} is not a boolean; allowed: 1, 0, true, false, yes, no")
+    text = _words(raw)
+    if text is not None and text in _TRUE | _FALSE:
+        return text in _TRUE
+    raise ConfigError(
+        f"{where}={raw!r} is not a boolean; allowed: 1, 0, true, false, yes, no, on, off"
+    )
 
 
 def _parse_trace(raw: Any, where: str) -> bool | Path:
@@ -56,22 +82,43 @@ def _parse_trace(raw: Any, where: str) -> bool | Path:
     boolean (``ture``) is an error rather than the name of a new file."""
     if isinstance(raw, bool):
         return raw
-    text = raw.strip() if isinstance(raw, str) else None
-    if text is not None and text.lower() in _TRUE | _FALSE:
-        return text.lower() in _TRUE
-    if text is not None and "/" in text:
-        return Path(text).expanduser()
+    text = _words(raw)
+    if text is not None and text in _TRUE | _FALSE:
+        return text in _TRUE
+    if isinstance(raw, str) and "/" in raw:
+        return _expanded(raw.strip(), where)
     raise ConfigError(
         f"{where}={raw!r} is neither a boolean nor a file path; allowed: 1, 0, true, false, "
         "yes, no, or a path containing '/' (e.g. ./trace.log)"
     )
 
 
-def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
-    items = raw.split(",") if isinstance(raw, str) else raw
+def _expanded(text: str, where: str) -> Path:
+    """``Path(text).expanduser()``; a ``~user`` that does not exist is a ConfigError."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError as exc:  # "Could not determine home directory"
+        raise ConfigError(f"{where}={text!r}: cannot expand '~' ({exc})") from None
+
+
+def _items(
+    raw: Any, separator: str, where: str, expected: str, *, keep_empty: bool = False
+) -> list[str]:
+    """A list setting's entries: the text split at ``separator``, or a TOML list of strings
+    (each entry read like one entry of the text); stripped, empty entries dropped."""
+    items = raw.split(separator) if isinstance(raw, str) else raw
     if not isinstance(items, (list, tuple)):
-        raise ConfigError(f"{where}={raw!r}: expected a comma-separated list of names")
-    names = tuple(str(item).strip() for item in items if str(item).strip())
+        raise ConfigError(f"{where}={raw!r}: expected {expected}")
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(
+                f"{where}={raw!r}: entry {item!r} is not a string; expected {expected}"
+            )
+    return [item.strip() for item in items if keep_empty or item.strip()]
+
+
+def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
+    names = tuple(_items(raw, ",", where, "a comma-separated list of names"))
     for name in names:
         if not is_valid_name(name):
             raise ConfigError(f"{where}={raw!r}: {name!r} is not a valid name ({NAME_HELP})")
@@ -79,10 +126,11 @@ def _parse_names(raw: Any, where: str) -> tuple[str, ...]:
 
 
 def _parse_order(raw: Any, where: str) -> tuple[OrderToken, ...]:
-    items = raw.split(",") if isinstance(raw, str) else raw
-    if not isinstance(items, (list, tuple)) or not items:
-        raise ConfigError(f"{where}={raw!r}: expected a non-empty list of {TOKEN_HELP}")
-    tokens = tuple(OrderToken.parse(str(item), where) for item in items)
+    expected = f"a non-empty list of {TOKEN_HELP}"
+    items = _items(raw, ",", where, expected, keep_empty=True)
+    if not items:
+        raise ConfigError(f"{where}={raw!r}: expected {expected}")
+    tokens = tuple(OrderToken.parse(item, where) for item in items)
     if len(set(tokens)) != len(tokens):
         raise ConfigError(f"{where}={raw!r}: a token appears twice")
     return tokens
@@ -126,13 +174,12 @@ def _parse_per_op(raw: Any, where: str) -> dict[str, tuple[OrderToken, ...]]:
 
 
 def _parse_seconds(raw: Any, where: str) -> float:
-    """A positive number of seconds (an int or float in TOML, a decimal in a variable)."""
+    """A positive number of seconds: ASCII digits with an optional decimal point (in a variable
+    or a TOML string), or a TOML integer or float."""
     value: object = raw
     if isinstance(raw, str):
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = None
+        text = raw.strip(" \t\r\n")
+        value = float(text) if _ASCII_SECONDS.fullmatch(text) else None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
         raise ConfigError(f"{where}={raw!r}: expected a positive number of seconds, e.g. 60")
     return float(value)
@@ -141,34 +188,31 @@ def _parse_seconds(raw: Any, where: str) -> float:
 def _parse_path(raw: Any, where: str) -> Path | None:
     if not isinstance(raw, str):
         raise ConfigError(f"{where}={raw!r}: expected a file path")
-    return Path(raw).expanduser() if raw.strip() else None
+    return _expanded(raw, where) if raw.strip() else None
 
 
 def _parse_verify(raw: Any, where: str) -> int:
     """Calls to check per layer class: a count (``0`` = off), or on/off words."""
     if isinstance(raw, bool):
         return DEFAULT_VERIFY_CALLS if raw else 0
-    if isinstance(raw, int) and raw >= 0:
-        return raw
-    text = raw.strip().lower() if isinstance(raw, str) else None
-    if text is not None and text.isdigit():
+    text = _words(raw)
+    if text is not None and _ASCII_COUNT.fullmatch(text) and int(text) <= _MAX_COUNT:
         return int(text)
     if text is not None and text in _TRUE - {"1"}:
         return DEFAULT_VERIFY_CALLS
     if text is not None and text in _FALSE:
         return 0
     raise ConfigError(
-        f"{where}={raw!r}: expected the number of calls to check per layer class (0 = off) "
+        f"{where}={raw!r}: expected the number of calls to check per layer class (0 = off; "
+        f"ASCII digits, at most {_MAX_COUNT}) "
         f"or on/true/yes ({DEFAULT_VERIFY_CALLS} calls), off/false/no"
     )
 
 
 def _parse_ops(raw: Any, where: str) -> tuple[str, ...] | None:
     """Standard op names (comma list or TOML list); empty means every op."""
-    items = raw.split(",") if isinstance(raw, str) else raw
-    if not isinstance(items, (list, tuple)):
-        raise ConfigError(f"{where}={raw!r}: expected a comma-separated list of op names")
-    names = tuple(_check_op(str(item).strip(), where) for item in items if str(item).strip())
+    items = _items(raw, ",", where, "a comma-separated list of op names")
+    names = tuple(_check_op(item, where) for item in items)
     return names or None
 
 
@@ -271,6 +315,9 @@ class Settings:
     custom_ops: bool = True
     config_file: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+    # What the settings themselves warn about (an unknown SGLANG_FL_* variable, likely a typo):
+    # logged when read, and listed by ``sglang-fl doctor`` as problems.
+    warnings: tuple[str, ...] = ()
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -279,9 +326,10 @@ class Settings:
         values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
         sources = {s.key: DEFAULT_SOURCE for s in SETTINGS}
         config_file = None
+        warnings: list[str] = []
         raw_path = environ.get(ENV_PREFIX + "CONFIG", "").strip()
         if raw_path:
-            config_file = Path(raw_path).expanduser()
+            config_file = _expanded(raw_path, ENV_PREFIX + "CONFIG")
             for key, value in _read_config_file(config_file, ENV_PREFIX + "CONFIG").items():
                 values[key] = _BY_KEY[key].parse(value, f"{config_file}: {key}")
                 sources[key] = f"config file {config_file}"
@@ -290,17 +338,20 @@ class Settings:
             if name.startswith(ENV_PREFIX) and name not in known_env:
                 close = difflib.get_close_matches(name, known_env, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                _log.warning(
-                    "ignoring unknown variable %s%s; known: %s",
-                    name,
-                    hint,
-                    ", ".join(sorted(known_env)),
+                warnings.append(
+                    f"ignoring unknown variable {name}{hint}; known: {', '.join(sorted(known_env))}"
                 )
+                _log.warning("%s", warnings[-1])
         for setting in SETTINGS:
             if setting.env in environ:
                 values[setting.key] = setting.parse(environ[setting.env], setting.env)
                 sources[setting.key] = f"environment {setting.env}"
-        return cls(**values, config_file=config_file, sources=sources)
+        if values["allow_vendors"] == ():
+            warnings.append(
+                f"SGLANG_FL_ALLOW_VENDORS is empty ({sources['allow_vendors']}): it excludes "
+                "every vendor, leaving only core's reference backend; unset it to allow all"
+            )
+        return cls(**values, config_file=config_file, sources=sources, warnings=tuple(warnings))
 
     def dispatch_log_problem(self) -> str | None:
         """Why ``dispatch_log`` cannot be appended to, naming the variable; ``None`` if it can.
@@ -345,27 +396,6 @@ class Settings:
         }
 
 
-def append_target_problem(path: Path) -> str | None:
-    """Why a file could not be appended to at ``path`` (missing directories are created)."""
-    if path.is_dir():
-        return "is a directory"
-    if path.exists():
-        try:  # opening an existing file for append changes nothing
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
-        except OSError as exc:
-            return f"cannot be opened for appending ({exc.strerror or exc})"
-        return None
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{str(parent)!r} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"directory {str(parent)!r} is not writable"
-    return None
-
-
-# The settings that name plugins (entry points) or vendors: each name should match one installed.
 _NAME_LIST_SETTINGS = ("plugins", "disable_plugins", "allow_vendors", "deny_vendors")
 
 
@@ -403,6 +433,10 @@ def _read_config_file(path: Path, variable: str) -> dict[str, Any]:
         ) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{variable}={str(path)!r}: not valid TOML ({exc})") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(
+            f"{variable}={str(path)!r}: not a config file sglang-fl reads (nested too deeply)"
+        ) from None
     for key in data:
         if key not in _BY_KEY:
             close = difflib.get_close_matches(key, _BY_KEY, n=1)

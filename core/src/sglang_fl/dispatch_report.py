@@ -22,9 +22,11 @@ from typing import Any
 
 import torch
 
+from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
 from .errors import ConfigError
+from .schema import portable_json
 from .verify import VERIFY_EVENT
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
@@ -140,7 +142,9 @@ class DispatchReport:
         self._lock = threading.Lock()
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+        # Non-finite numbers as strings (see sglang_fl.schema.NON_FINITE): every line is JSON.
+        text = json.dumps(portable_json(record), sort_keys=True, default=str, allow_nan=False)
+        line = (text + "\n").encode()
         with self._lock:
             if self.log_path is None:  # an earlier write failed: reported once, then off
                 return
@@ -157,8 +161,11 @@ class DispatchReport:
 
     @staticmethod
     def _open(path: Path) -> int:
+        """A regular file only, opened without blocking (see
+        :func:`~sglang_fl._files.open_regular_for_append`): each record is then one
+        ``O_APPEND`` write that no other process's record can split."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return open_regular_for_append(path)
 
 
 def _log_error(path: Path, exc: OSError) -> str:

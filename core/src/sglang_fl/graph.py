@@ -24,6 +24,7 @@ import functools
 import inspect
 import itertools
 import logging
+import os
 import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -232,6 +233,18 @@ def _aliases(output: torch.Tensor, inputs: Sequence[Any]) -> bool:
 
 
 _lock = threading.Lock()
+
+
+def _renew_lock_in_child() -> None:
+    """A parent thread binding a layer at fork time holds ``_lock``: the child gets a new one
+    (the tables it guards are complete entries only: each is filled under the lock at once)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_in_child)
+
 _graph_ops: dict[str, GraphOp] = {}
 _impls: dict[str, Callable[..., Any]] = {}  # key -> implementation (kept alive: keys stay valid)
 _keys: dict[int, str] = {}  # id(implementation) -> key

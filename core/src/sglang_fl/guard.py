@@ -20,6 +20,7 @@ __all__ = [
     "call_plugin_code",
     "describe_exception",
     "in_plugin_code",
+    "plain_str",
     "safe_repr",
 ]
 
@@ -34,24 +35,45 @@ def in_plugin_code() -> str | None:
     return what
 
 
+def plain_str(value: object) -> str | None:
+    """``value`` as an exact ``str`` if it is a string (a subclass is copied), else ``None``.
+
+    The one place where a string a plugin hands core (an impl id, a vendor name, a reason, an
+    error message) becomes core's: a ``str`` subclass passes ``isinstance(value, str)`` but may
+    override ``startswith``, ``__eq__``, ``__hash__``, ``__str__`` or ``__format__`` to lie or
+    raise later, wherever core compares or prints it. ``str.__str__`` copies the characters
+    without calling any method of the subclass, so what core keeps is exactly what it checks.
+    """
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    return None
+
+
+def _type_name(value: object) -> str:
+    return plain_str(getattr(type(value), "__name__", None)) or "object"
+
+
 def describe_exception(exc: BaseException) -> str:
-    """``"Type: message"``, even when the exception's ``__str__`` itself raises."""
-    name = type(exc).__name__
+    """``"Type: message"``, even when the exception's ``__str__`` itself raises or returns a
+    ``str`` subclass (kept as its plain characters, see :func:`plain_str`)."""
+    name = _type_name(exc)
     try:
-        text = str(exc)
+        text = plain_str(str(exc)) or ""
     except BaseException as broken:
         if isinstance(broken, KeyboardInterrupt):
             raise
-        text = f"<str() of the exception raised {type(broken).__name__}>"
+        text = f"<str() of the exception raised {_type_name(broken)}>"
     return f"{name}: {text}" if text else name
 
 
 def safe_repr(value: object) -> str:
     """``repr(value)``, or a description of it when a plugin's ``__repr__`` raises."""
     try:
-        return repr(value)
+        return plain_str(repr(value)) or ""
     except Exception as exc:
-        return f"<{type(value).__name__} whose repr() raised {type(exc).__name__}>"
+        return f"<{_type_name(value)} whose repr() raised {_type_name(exc)}>"
 
 
 @dataclass(frozen=True)

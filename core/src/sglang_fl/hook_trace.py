@@ -3,7 +3,8 @@
 The trace is pluggy's (``PluginManager.enable_tracing``); only its destination is chosen here.
 A file target is what makes SGLang's spawned worker processes traceable: they inherit the
 variable, and each appends its lines to the same file. Every write is one ``O_APPEND``
-``write(2)`` of whole lines, so lines of concurrent processes never interleave mid-line.
+``write(2)`` of whole lines to a regular file (a FIFO or device is refused), so lines of
+concurrent processes never interleave mid-line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pluggy
 
+from ._files import open_regular_for_append
 from .errors import ConfigError
 
 __all__ = ["trace_hook_calls"]
@@ -52,17 +54,30 @@ def _file_appender(path: Path) -> Callable[[str], None]:
             f"{exc.strerror or exc}"
         ) from None
 
+    failed: list[str] = []
+
     def append(text: str) -> None:
         # Opened per message (hooks run at load time only, a few calls per process): nothing
         # stays open across a fork, and every message is one atomic append.
-        fd = _open_for_append(path)
+        if failed:
+            return
         try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+            fd = _open_for_append(path)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:  # replaced by a FIFO, a full disk: the trace stops, said once
+            failed.append(str(exc))
+            sys.stderr.write(
+                f"sglang-fl: SGLANG_FL_TRACE={str(path)!r}: cannot append the hook trace "
+                f"({exc.strerror or exc}); no further trace lines are written\n"
+            )
 
     return append
 
 
 def _open_for_append(path: Path) -> int:
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """A regular file only, never blocking: a FIFO without a reader would hang every command,
+    one with a reader would split the lines of concurrent processes."""
+    return open_regular_for_append(path)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, distributions, entry_points
-from types import ModuleType
+from types import FunctionType, MethodType, ModuleType
 from typing import Any
 
 import pluggy
@@ -31,7 +31,7 @@ from .dispatch.identity import CORE_DISTRIBUTION
 from .dispatch.registry import OpRegistry
 from .dispatch.types import Provenance
 from .errors import PluginLoadError
-from .guard import call_plugin_code, describe_exception
+from .guard import call_plugin_code, describe_exception, plain_str
 from .hook_trace import trace_hook_calls
 from .schema import PluginJson, PluginSummary
 
@@ -107,6 +107,96 @@ class _SeedAdapter:
 
     def __repr__(self) -> str:
         return f"<seed plugin {self.module.__name__}>"
+
+
+class _HookPlugin:
+    """What pluggy registers for a hook plugin: copies of its hook functions, nothing else.
+
+    ``pm.register()`` runs in the loading thread, unbounded; it looks up every attribute
+    ``dir()`` lists (pluggy < 1.7 with ``getattr``, which runs a PEP 562 ``__getattr__`` or
+    property, e.g. a lazily imported SDK) and inspects each hook function's signature (which
+    follows ``__wrapped__``). So the plugin's own object is searched in the bounded import
+    worker (:func:`_hook_functions`), and pluggy gets this core object, whose attributes are
+    plain functions sharing the plugin's code, globals and closures: registering it runs no
+    plugin code, whatever pluggy version reads it.
+    """
+
+    def __init__(self, module: object, functions: dict[str, FunctionType]) -> None:
+        # Non-callables only besides the hooks: pluggy inspects every attribute it finds.
+        self._origin = (module,)
+        self._name = ""
+        self.__dict__.update(functions)
+
+    def __repr__(self) -> str:
+        return f"<hook plugin {self._name}>"
+
+
+def _origin(plugin: object) -> object:
+    """The module (or object) an entry point loaded, behind the loader's adapters."""
+    if isinstance(plugin, _HookPlugin):
+        return plugin._origin[0]
+    if isinstance(plugin, _SeedAdapter):
+        return plugin.module
+    return plugin
+
+
+# The options of @hookimpl pluggy reads, and their types.
+_HOOKIMPL_FLAGS = ("wrapper", "hookwrapper", "optionalhook", "tryfirst", "trylast")
+_MAX_WRAPPED = 16  # functools.wraps layers followed (inspect.unwrap has no limit of its own)
+
+
+def _hook_functions(
+    pm: pluggy.PluginManager, plugin: object, name: str
+) -> dict[str, FunctionType] | None:
+    """The plugin's hook implementations, copied as plain functions; ``None`` if it has none.
+
+    Runs in the import worker: every read of the plugin's attributes is plugin code. Raises
+    ``TypeError`` naming a hook implementation pluggy could not register without running
+    plugin code (not a plain function or method).
+    """
+    found: dict[str, FunctionType] = {}
+    for attr in dir(plugin):
+        attr_name = plain_str(attr)
+        if attr_name is None or pm.parse_hookimpl_opts(plugin, attr_name) is None:
+            continue
+        value = getattr(plugin, attr_name)
+        bound_to = None
+        if isinstance(value, MethodType):
+            bound_to, value = value.__self__, value.__func__
+        if type(value) is not FunctionType:
+            raise TypeError(
+                f"hook implementation {attr_name!r} of {name!r} is a {type(value).__name__}, "
+                "not a function or method"
+            )
+        opts = getattr(value, f"{hookspecs.PROJECT_NAME}_impl", None)
+        if not isinstance(opts, dict):
+            continue
+        copy = _copy_function(value, attr_name, 0)
+        clean: dict[str, Any] = {flag: bool(opts.get(flag)) for flag in _HOOKIMPL_FLAGS}
+        clean["specname"] = plain_str(opts.get("specname"))
+        setattr(copy, f"{hookspecs.PROJECT_NAME}_impl", clean)
+        found[attr_name] = copy if bound_to is None else MethodType(copy, bound_to)  # type: ignore[assignment]
+    return found or None
+
+
+def _copy_function(fn: FunctionType, what: str, depth: int) -> FunctionType:
+    """A fresh function with ``fn``'s code, globals, defaults and closure, and only the
+    attributes core sets (``functools.wraps`` chains copied the same way)."""
+    copy = FunctionType(
+        fn.__code__, fn.__globals__, fn.__code__.co_name, fn.__defaults__, fn.__closure__
+    )
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = plain_str(fn.__qualname__) or copy.__qualname__
+    copy.__module__ = plain_str(fn.__module__) or "?"
+    wrapped = fn.__dict__.get("__wrapped__")
+    if wrapped is not None:
+        if type(wrapped) is not FunctionType or depth >= _MAX_WRAPPED:
+            raise TypeError(
+                f"hook implementation {what!r} wraps a {type(wrapped).__name__} "
+                f"(functools.wraps chains of plain functions only, at most {_MAX_WRAPPED})"
+            )
+        copy.__wrapped__ = _copy_function(wrapped, what, depth + 1)  # type: ignore[attr-defined]
+    return copy
 
 
 def new_plugin_manager(settings: Settings) -> pluggy.PluginManager:
@@ -327,16 +417,19 @@ def _import_and_register(
             imported.details,
         )
     plugin = imported.value
+    if isinstance(plugin, _HookPlugin):
+        plugin._name = ep.name
     if plugin is None:
         return _failed(
             record,
             f"{ep.value!r} defines no @sglang_fl.hookimpl functions and no "
             "register_builtins(registry)",
         )
-    if pm.is_registered(plugin):  # two entry points naming one module
+    twin = next((p for p in pm.get_plugins() if _origin(p) is _origin(plugin)), None)
+    if twin is not None:  # two entry points naming one module
         return _failed(
             record,
-            f"{ep.value!r} is already loaded as plugin {pm.get_name(plugin)!r}: one module can "
+            f"{ep.value!r} is already loaded as plugin {pm.get_name(twin)!r}: one module can "
             "be one plugin only (remove the duplicate entry point)",
         )
     try:
@@ -384,16 +477,16 @@ def _import_and_register(
     return record
 
 
-def _import_plugin(ep: EntryPoint, pm: pluggy.PluginManager) -> object | None:
+def _import_plugin(ep: EntryPoint, pm: pluggy.PluginManager) -> _HookPlugin | _SeedAdapter | None:
     """The entry point's hook plugin (a seed module adapted), or ``None`` if it has no hooks.
 
     Plugin code runs here (the module's import, a PEP 562 ``__getattr__``), so the loader
     calls it through :func:`~sglang_fl.guard.call_plugin_code`.
     """
     loaded = ep.load()
-    if _has_hookimpls(pm, loaded):
-        plugin: object = loaded
-        return plugin
+    functions = _hook_functions(pm, loaded, ep.name)
+    if functions is not None:
+        return _HookPlugin(loaded, functions)
     if callable(getattr(loaded, "register_builtins", None)):
         return _SeedAdapter(loaded)
     return None
@@ -425,10 +518,6 @@ def _blocked_reason(name: str, settings: Settings) -> str | None:
 def _failed(record: PluginRecord, error: str, details: str | None = None) -> PluginRecord:
     record.status, record.error, record.details = PluginStatus.FAILED, error, details
     return record
-
-
-def _has_hookimpls(pm: pluggy.PluginManager, module: object) -> bool:
-    return any(pm.parse_hookimpl_opts(module, name) is not None for name in dir(module))
 
 
 def _hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve
 from .errors import PluginLoadError, SglangFlError
-from .guard import call_plugin_code, describe_exception, in_plugin_code
+from .guard import call_plugin_code, describe_exception, in_plugin_code, plain_str, safe_repr
 from .loader import (
     PluginRecord,
     call_plugin_hook,
@@ -135,16 +135,18 @@ class Runtime:
                 what=f"sglang_fl_platform of plugin {impl.plugin_name!r}",
                 timeout=timeout,
             )
-            result = outcome.value
+            # A class path is an exact str (a subclass's methods would run here, unbounded).
+            result = outcome.value if outcome.value is None else plain_str(outcome.value)
             if outcome.timed_out:
                 problem = f"sglang_fl_platform did not return within {timeout:g} s"
             elif outcome.error is not None:
                 problem = f"sglang_fl_platform raised {describe_exception(outcome.error)}"
-            elif result is None or (isinstance(result, str) and result.strip()):
+            elif outcome.value is None or (result is not None and result.strip()):
                 yield PlatformAnswer(impl.plugin_name, result)
                 continue
             else:
-                problem = f"sglang_fl_platform returned {result!r}, not a class path or None"
+                shown = safe_repr(outcome.value)
+                problem = f"sglang_fl_platform returned {shown}, not a class path or None"
             yield PlatformAnswer(impl.plugin_name, None, problem)
 
     def plugin(self, name: str) -> PluginRecord:

@@ -1,14 +1,17 @@
 """The shapes of sglang-fl's JSON output, in one place: ``--json`` payloads and report fields.
 
-``sglang-fl COMMAND --json`` prints one of the ``*Payload`` types; the README ("Inspection")
+``sglang-fl COMMAND --json`` prints one of the ``*Payload`` types; docs/reference/cli.md
 documents the same shapes. They are versioned by :data:`SCHEMA_VERSION`: a key renamed or
 removed is a new version. State fields hold ``str`` enums (:class:`~sglang_fl.loader.PluginStatus`,
 :class:`~sglang_fl.dispatch.resolve.CandidateOutcome`, ...), which JSON writes as their values.
 The provenance of an implementation is turned into fields here only (:func:`provenance_fields`).
+Everything written is strict JSON: a non-finite float is one of the :data:`NON_FINITE` strings
+(:func:`portable_json`), so ``jq`` and ``JSON.parse`` read every payload and log line.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
@@ -18,6 +21,7 @@ if TYPE_CHECKING:
     from .verify import VerifyVerdict
 
 __all__ = [
+    "NON_FINITE",
     "SCHEMA_VERSION",
     "CandidateJson",
     "ConfigurationJson",
@@ -25,6 +29,7 @@ __all__ = [
     "DoctorPayload",
     "ExplainPayload",
     "ImplFields",
+    "JsonNumber",
     "OpReport",
     "OpsPayload",
     "PluginJson",
@@ -37,10 +42,44 @@ __all__ = [
     "VerifySummaryPayload",
     "VerifySummaryRow",
     "impl_fields",
+    "number_from_json",
+    "portable_json",
     "provenance_fields",
 ]
 
 SCHEMA_VERSION = 1
+
+# Non-finite numbers (a kernel returning NaN makes an error infinite) have no JSON literal:
+# ``json.dumps`` would write ``Infinity``/``NaN``, which jq and JSON.parse reject. Every JSON
+# sglang-fl writes (``--json`` output, the dispatch log) writes them as these strings instead,
+# which JavaScript's ``Number()`` and Python's ``float()`` read back; a field typed
+# :data:`JsonNumber` is a JSON number, one of these strings, or (where the type says) null.
+NON_FINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+JsonNumber = float | str
+
+
+def portable_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its :data:`NON_FINITE` string (in
+    dicts, lists and tuples, recursively), so ``json.dumps(..., allow_nan=False)`` accepts it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: portable_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable_json(item) for item in value]
+    return value
+
+
+def number_from_json(value: object) -> float | None:
+    """A :data:`JsonNumber` field read back: ``None``, a number, or a :data:`NON_FINITE` string;
+    ``ValueError`` for anything else (a bool is not a number here)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value in NON_FINITE:
+        return NON_FINITE[value]
+    raise ValueError(f"{value!r} is not a number (nor one of {', '.join(NON_FINITE)})")
 
 
 class ProvenanceFields(TypedDict):
@@ -174,7 +213,8 @@ class VerifyRecordJson(ImplFields):
     ``call`` the n-th checked call of that class; ``dtype``/``shape`` are the first tensor
     input's; errors are the worst over every compared tensor (``worst`` names it); ``atol`` and
     ``rtol`` are the contract's tolerance for ``dtype``; ``problem`` says why a call failed or
-    could not be checked.
+    could not be checked. The four numbers are :data:`JsonNumber` in JSON: a NaN in a kernel's
+    output makes ``max_abs_error`` the string ``"Infinity"``, never a bare ``Infinity``.
     """
 
     op: str
@@ -193,7 +233,8 @@ class VerifyRecordJson(ImplFields):
 
 
 class VerifySummaryRow(TypedDict):
-    """``verify-report``: one op and implementation over a whole dispatch log."""
+    """``verify-report``: one op and implementation over a whole dispatch log (its numbers are
+    :data:`JsonNumber` in JSON, as in the records)."""
 
     op: str
     impl_id: str

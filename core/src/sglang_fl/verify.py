@@ -20,6 +20,8 @@ import itertools
 import json
 import logging
 import math
+import os
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,16 +30,19 @@ from typing import Any
 
 import torch
 
+from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
 from .dispatch.types import OpImpl
-from .errors import SglangFlError
+from .errors import SglangFlError, Unsupported
 from .ops import OpContract, Tolerance, get_contract
 from .schema import (
+    NON_FINITE,
     SCHEMA_VERSION,
     VerifyRecordJson,
     VerifySummaryPayload,
     VerifySummaryRow,
     impl_fields,
+    number_from_json,
 )
 
 __all__ = [
@@ -195,19 +200,33 @@ class Verifier:
         self._budgets: dict[str, _Budget] = {}
         self._warned: set[tuple[str, VerifyVerdict]] = set()
         self._lock = threading.Lock()
+        reset_locks_in_child(self)  # a thread checking a call at fork time must not hang the child
+
+    def _reset_locks_after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def enabled_for(self, op_name: str) -> bool:
         return self.calls > 0 and (self.ops is None or op_name in self.ops)
 
-    def wrap(self, fn: Callable[..., Any], impl: OpImpl, layer: str) -> Callable[..., Any]:
+    def wrap(
+        self,
+        fn: Callable[..., Any],
+        impl: OpImpl,
+        layer: str,
+        chain: Sequence[OpImpl] = (),
+    ) -> Callable[..., Any]:
         """The callable to bind for one layer instance: ``fn`` itself unless verify covers it.
 
         ``layer`` names the layer class; records name the instance by its order of binding in
         this process (``instance``), which for lazily resolved layers is the model's call order.
+        ``chain`` (the resolution's: ``impl`` and its fallbacks) is walked for a checked call
+        the way ``fn`` walks it, so that each record names the implementation whose output it
+        judged, not the chosen one that declined the call with ``Unsupported``.
         """
         if not self.enabled_for(impl.op_name):
             return fn
         contract = get_contract(impl.op_name)
+        steps = tuple(chain) if len(chain) > 1 else ()
         with self._lock:
             budget = self._budgets.setdefault(layer, _Budget(left=self.calls))
             instance = budget.instances
@@ -226,7 +245,9 @@ class Verifier:
                     call = budget.checked
             if call is None:
                 return fn(*args, **kwargs)
-            return self._checked_call(fn, contract, impl, layer, instance, call, args, kwargs)
+            return self._checked_call(
+                fn, contract, impl, steps, layer, instance, call, args, kwargs
+            )
 
         verified.__wrapped__ = fn  # type: ignore[attr-defined]
         return verified
@@ -236,6 +257,7 @@ class Verifier:
         fn: Callable[..., Any],
         contract: OpContract,
         impl: OpImpl,
+        chain: tuple[OpImpl, ...],
         layer: str,
         instance: int,
         call: int,
@@ -244,7 +266,10 @@ class Verifier:
     ) -> Any:
         before = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
         ref_args = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
-        got = fn(*args, **kwargs)  # an exception here is the implementation's: it propagates
+        if chain:
+            impl, got = _first_accepting(chain, args, kwargs)
+        else:  # an exception here is the implementation's: it propagates
+            got = fn(*args, **kwargs)
         first = _primary_input(args, kwargs)
         dtype = None if first is None else first.dtype
         comparison = self._compare(contract, dtype, got, (args, kwargs), before, ref_args)
@@ -337,6 +362,19 @@ class Verifier:
         )
 
 
+def _first_accepting(
+    chain: Sequence[OpImpl], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[OpImpl, Any]:
+    """The first implementation of ``chain`` that does not decline the call, and its result
+    (the last one's ``Unsupported``, like any other exception, propagates)."""
+    for impl in chain[:-1]:
+        try:
+            return impl, impl.fn(*args, **kwargs)
+        except Unsupported:
+            continue
+    return chain[-1], chain[-1].fn(*args, **kwargs)
+
+
 def _written_in_place(
     contract: OpContract,
     called: tuple[Sequence[Any], Mapping[str, Any]],
@@ -400,34 +438,115 @@ def _judge(compared: Iterable[tuple[str, Any, Any]], tolerance: Tolerance) -> _C
 # -- reading a dispatch log back -----------------------------------------------------------------
 
 
-def read_verify_records(path: str | Path) -> list[dict[str, Any]]:
-    """The ``verify`` records of a dispatch log, in file order."""
-    path = Path(path)
+# The fields verify-report reads from each verify record, and what each must be.
+_TEXT_FIELDS = ("op", "impl_id", "layer")
+_OPTIONAL_TEXT_FIELDS = ("distribution", "version", "dtype", "problem", "worst")
+_NUMBER_FIELDS = ("max_abs_error", "max_rel_error", "atol", "rtol")
+_COUNT_FIELDS = ("instance", "call")
+_VERDICTS = {verdict.value: verdict for verdict in VerifyVerdict}
+
+
+def _read_log_text(path: Path) -> str:
+    """The log's text: a regular file only (a FIFO would block the reader, ``/dev/zero``
+    never end), opened without blocking and checked before anything is read."""
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise VerifyLogError(f"dispatch log {str(path)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise VerifyLogError(f"dispatch log {str(path)!r} cannot be read ({exc})") from None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise VerifyLogError(
+                f"dispatch log {str(path)!r} is not a regular file; expected the file "
+                "SGLANG_FL_DISPATCH_LOG wrote"
+            )
+        try:
+            return handle.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise VerifyLogError(f"dispatch log {str(path)!r} cannot be read ({exc})") from None
+
+
+def _checked_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """``record`` with its numbers as floats, or :class:`VerifyLogError` naming the field."""
+
+    def bad(name: str, expected: str) -> VerifyLogError:
+        shown = repr(record.get(name, "<missing>"))[:80]
+        return VerifyLogError(
+            f"{where}: verify record field {name!r} is {shown}; expected {expected} (is this "
+            "a dispatch log sglang-fl wrote?)"
+        )
+
+    checked = dict(record)
+    for name in _TEXT_FIELDS:
+        if type(record.get(name)) is not str:
+            raise bad(name, "a string")
+    for name in _OPTIONAL_TEXT_FIELDS:
+        if record.get(name) is not None and type(record[name]) is not str:
+            raise bad(name, "a string or null")
+    for name in _COUNT_FIELDS:
+        value = record.get(name)
+        if type(value) is not int or value < 0:
+            raise bad(name, "a count (an integer >= 0)")
+    pid = record.get("pid")
+    if pid is not None and type(pid) is not int:
+        raise bad("pid", "an integer or null")
+    verdict = record.get("verdict")
+    if type(verdict) is not str or verdict not in _VERDICTS:
+        raise bad("verdict", f"one of {', '.join(_VERDICTS)}")
+    checked["verdict"] = _VERDICTS[verdict]
+    for name in _NUMBER_FIELDS:
+        try:
+            checked[name] = number_from_json(record.get(name))
+        except ValueError:
+            raise bad(name, f"a number, null or one of {', '.join(NON_FINITE)}") from None
+    return checked
+
+
+def read_verify_records(path: str | Path) -> list[dict[str, Any]]:
+    """The ``verify`` records of a dispatch log, in file order, each checked field by field.
+
+    Anything that is not such a log (not a regular file, a line that is not a JSON object, a
+    verify record with a missing or mistyped field, an unknown verdict) is a
+    :class:`VerifyLogError` naming the file and line: exit 2 in ``sglang-fl verify-report``.
+    """
+    path = Path(path)
+    text = _read_log_text(path)
     records = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise VerifyLogError(
-                f"{path}:{number}: not a JSON record ({exc.msg}); expected the JSON lines "
+                f"{where}: not a JSON record ({exc.msg}); expected the JSON lines "
                 "SGLANG_FL_DISPATCH_LOG writes"
             ) from None
-        if isinstance(record, dict) and record.get("event") == VERIFY_EVENT:
-            records.append(record)
+        except RecursionError:
+            raise VerifyLogError(
+                f"{where}: not a dispatch-log record (nested too deeply)"
+            ) from None
+        if not isinstance(record, dict):
+            raise VerifyLogError(
+                f"{where}: a JSON {type(record).__name__}, not a record (an object); expected "
+                "the JSON lines SGLANG_FL_DISPATCH_LOG writes"
+            )
+        if record.get("event") == VERIFY_EVENT:
+            records.append(_checked_record(record, where))
     if not records:
         raise VerifyLogError(
             f"{path} holds no verify records; run with SGLANG_FL_VERIFY set (e.g. "
             "SGLANG_FL_VERIFY=on) and SGLANG_FL_DISPATCH_LOG pointing at this file"
         )
     return records
+
+
+def _ordered(value: float) -> float:
+    """A NaN error sorts as the largest (``max`` with NaN depends on the order otherwise)."""
+    return math.inf if math.isnan(value) else value
 
 
 def _where(record: Mapping[str, Any]) -> str:
@@ -451,7 +570,7 @@ def summarize(records: Sequence[Mapping[str, Any]], log: str) -> VerifySummaryPa
             else VerifyVerdict.UNCHECKED
         )
         measured = [r for r in checked if r.get("max_abs_error") is not None]
-        worst = max(measured, key=lambda r: r["max_abs_error"], default=None)
+        worst = max(measured, key=lambda r: _ordered(r["max_abs_error"]), default=None)
         first = failed[0] if failed else None
         rows.append(
             {
@@ -463,7 +582,11 @@ def summarize(records: Sequence[Mapping[str, Any]], log: str) -> VerifySummaryPa
                 "calls_failed": len(failed),
                 "calls_unchecked": len(group) - len(checked),
                 "max_abs_error": None if worst is None else worst["max_abs_error"],
-                "max_rel_error": max((r["max_rel_error"] for r in measured), default=None),
+                "max_rel_error": max(
+                    (r["max_rel_error"] for r in measured if r["max_rel_error"] is not None),
+                    key=_ordered,
+                    default=None,
+                ),
                 "worst_dtype": None if worst is None else worst.get("dtype"),
                 "atol": None if worst is None else worst.get("atol"),
                 "rtol": None if worst is None else worst.get("rtol"),

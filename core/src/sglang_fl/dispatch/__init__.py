@@ -1,1 +1,2 @@
-"""Dispatch: the registry of implementations, the selection policy and the resolution of one op."""
+"""Dispatch: the registry of implementations, availability probes, the selection policy and the
+resolution of one op."""

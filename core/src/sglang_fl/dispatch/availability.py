@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 from collections.abc import Callable
 
-from ..guard import call_plugin_code, describe_exception, safe_repr
+from ..guard import call_plugin_code, describe_exception, plain_str, safe_repr
 from .types import Availability, OpImpl
 
 __all__ = ["AvailabilityCache"]
@@ -20,29 +21,42 @@ class AvailabilityCache:
 
     def __init__(self, *, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._results: dict[object, Availability] = {}
+        self._results: dict[object, tuple[Callable[[], object], Availability]] = {}
         self._lock = threading.Lock()
         self._fork_holds_lock = False
 
     def check(self, impl: OpImpl) -> Availability:
-        try:  # reads the plugin's fn (``fn._is_available``): a raising __getattr__ is its bug
-            probe = impl.availability_probe
-        except Exception as exc:
-            return Availability(False, f"looking up its probe raised {describe_exception(exc)}")
+        probe = impl.available  # checked at registration: None, a bool or a callable
+        if probe is None:
+            # The seed layout's ``fn._is_available``: reading it is plugin code (a lazy proxy's
+            # __getattr__ may import, block or exit), so it is bounded like the probe itself.
+            looked = call_plugin_code(
+                lambda: impl.availability_probe,
+                what=f"the availability-probe lookup of {impl.impl_id!r}",
+                timeout=self.timeout,
+            )
+            if looked.timed_out:
+                return Availability(
+                    False,
+                    f"looking up its probe (fn._is_available) did not answer within "
+                    f"{self.timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT); treated as unavailable",
+                )
+            if looked.error is not None:
+                return Availability(
+                    False, f"looking up its probe raised {describe_exception(looked.error)}"
+                )
+            probe = looked.value
         if probe is None:
             return Availability(True, "no availability probe: always available")
         if isinstance(probe, bool):
             return Availability(probe, f"declared available={probe} when registered")
+        key = _key(probe)
         with self._lock:
-            key = _key(probe)
-            try:
-                cached = self._results.get(key)
-            except Exception:  # a probe whose __eq__ raises on a hash collision
-                key = ("probe", id(probe))
-                cached = self._results.get(key)
+            cached = self._results.get(key)
             if cached is None:
-                cached = self._results[key] = _run(probe, impl, self.timeout)
-            return cached
+                # The probe is kept with its answer, so the identities in the key stay unique.
+                cached = self._results[key] = (probe, _run(probe, impl, self.timeout))
+            return cached[1]
 
     # -- fork (see sglang_fl.runtime) ---------------------------------------------------------
 
@@ -62,12 +76,12 @@ class AvailabilityCache:
 
 
 def _key(probe: Callable[[], object]) -> object:
-    """The probe itself (equal bound methods share an entry), or its identity if unhashable."""
-    try:
-        hash(probe)
-    except Exception:  # e.g. a callable dataclass instance: eq without hash; a raising __hash__
-        return ("unhashable probe", id(probe))
-    return probe
+    """The probe's identity; a bound method by its object and function, so that the bound
+    methods of one backend share an entry. No method of the probe runs (its ``__hash__`` or
+    ``__eq__`` is plugin code, and this runs under the cache's lock)."""
+    if isinstance(probe, types.MethodType):
+        return ("method", id(probe.__self__), id(probe.__func__))
+    return ("probe", id(probe))
 
 
 def _run(probe: Callable[[], object], impl: OpImpl, timeout: float) -> Availability:
@@ -102,9 +116,8 @@ def _answer(probe: Callable[[], object], impl: OpImpl) -> Availability:
     result = probe()
     if isinstance(result, Availability):
         reason: object = result.reason
-        return Availability(
-            bool(result.available), reason if isinstance(reason, str) else safe_repr(reason)
-        )
+        text = plain_str(reason)  # an exact str: its __str__/__format__ cannot run later
+        return Availability(bool(result.available), safe_repr(reason) if text is None else text)
     if result is True:
         return Availability(True, "probe reported available")
     if result is False:

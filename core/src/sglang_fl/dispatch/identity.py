@@ -27,6 +27,7 @@ __all__ = [
     "REFERENCE_PLUGIN",
     "identity_problem",
     "impl_id_namespace",
+    "is_core_reference",
     "vendor_identity",
 ]
 
@@ -41,11 +42,17 @@ IDENTITY_RULE = (
 )
 
 
-def _outside_rule(provenance: Provenance) -> bool:
-    """Core's reference backend and direct registrations: no entry point can claim either."""
+def is_core_reference(provenance: Provenance) -> bool:
+    """Whether ``provenance`` is core's reference backend, or a direct registration (the host
+    program's own code): the only registrants of kind ``reference``."""
     if provenance.plugin == DIRECT_PLUGIN:
         return True
     return provenance.plugin == REFERENCE_PLUGIN and provenance.distribution == CORE_DISTRIBUTION
+
+
+def _outside_rule(provenance: Provenance) -> bool:
+    """Core's reference backend and direct registrations: no entry point can claim either."""
+    return is_core_reference(provenance)
 
 
 def impl_id_namespace(impl: OpImpl, plugin: str) -> str:

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
+from ..guard import plain_str, safe_repr
 from ..ops import STANDARD_OPS, unknown_op_message
-from .identity import DIRECT_PLUGIN, identity_problem
+from .identity import DIRECT_PLUGIN, identity_problem, is_core_reference
 from .types import BackendImplKind, OpImpl, Provenance
 
 __all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry", "RegistryState"]
@@ -72,21 +73,44 @@ class OpRegistry:
     # -- plugin-facing API --------------------------------------------------------------------
 
     def register(self, impl: OpImpl) -> None:
-        """Add one implementation; raises :class:`RegistrationError` naming what is wrong."""
+        """Add one implementation; raises :class:`RegistrationError` naming what is wrong.
+
+        Everything that reads the plugin's objects (its fields, ``inspect.signature`` of its
+        ``fn``, which may be a lazy proxy) runs *before* the registry lock is taken: plugin code
+        that blocks there blocks only its own hook, which the loader abandons after
+        ``SGLANG_FL_PLUGIN_TIMEOUT`` (:meth:`abandon_scope` takes the lock). What is kept is a
+        fresh :class:`OpImpl` of exact ``str``/``int``/enum values, not the plugin's object.
+        """
         with self._lock:
             scope = self._caller_scope("registered an implementation")
-            provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
+        provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
+        try:
+            clean = _normalised(impl, provenance)  # plugin code: no lock held
+        except RegistrationError as exc:
+            self._refuse_in(scope, str(exc))
+            raise
+        with self._lock:
+            if scope is not None and self._scope is not scope:
+                raise RegistrationError(
+                    f"plugin {provenance.plugin!r} registered {clean.impl_id!r} after its "
+                    "registration scope was closed (its hook did not return in time)"
+                )
             try:
-                self._validate(impl, provenance, scope)
+                self._validate_against_others(clean, provenance, scope)
             except RegistrationError as exc:
                 if scope is not None:
                     scope.refusals.append(str(exc))
                 raise
-            stamped = impl.with_provenance(provenance)
+            stamped = clean.with_provenance(provenance)
             if scope is None:
                 self._commit([stamped])
             else:
                 scope.staged.append(stamped)
+
+    def _refuse_in(self, scope: _Scope | None, problem: str) -> None:
+        if scope is not None:
+            with self._lock:
+                scope.refusals.append(problem)
 
     def register_many(self, impls: Iterable[OpImpl]) -> None:
         """Add several implementations; the first refusal raises (and fails a plugin scope)."""
@@ -96,22 +120,27 @@ class OpRegistry:
     def declare_no_kernel(self, op_name: str, reason: str) -> None:
         """Say why this plugin registers nothing for ``op_name``; staged like a registration."""
         with self._lock:
-            scope = self._caller_scope(f"declared no kernel for {op_name!r}")
-            provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
-            who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
-            problem = None
-            if op_name not in STANDARD_OPS:
-                problem = f"{who} declared no kernel for {unknown_op_message(op_name)}"
-            elif not isinstance(reason, str) or not reason.strip():
-                problem = f"{who} declared no kernel for {op_name!r} without a reason"
-            if problem is not None:
-                if scope is not None:
-                    scope.refusals.append(problem)  # fails the plugin even if it is caught
-                raise RegistrationError(problem)
-            gap = NoKernel(op_name, reason, provenance)
+            scope = self._caller_scope(f"declared no kernel for {safe_repr(op_name)}")
+        provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
+        who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
+        name, text = plain_str(op_name), plain_str(reason)
+        problem = None
+        if name is None or name not in STANDARD_OPS:
+            problem = (
+                f"{who} declared no kernel for {unknown_op_message(name or safe_repr(op_name))}"
+            )
+        elif text is None or not text.strip():
+            problem = f"{who} declared no kernel for {name!r} without a reason"
+        if problem is not None:
+            self._refuse_in(scope, problem)  # fails the plugin even if it is caught
+            raise RegistrationError(problem)
+        assert name is not None
+        assert text is not None
+        gap = NoKernel(name, text, provenance)
+        with self._lock:
             if scope is None:
-                self._no_kernel[op_name].append(gap)
-            else:
+                self._no_kernel[name].append(gap)
+            elif self._scope is scope:
                 scope.staged_no_kernel.append(gap)
 
     # -- queries ------------------------------------------------------------------------------
@@ -289,53 +318,11 @@ class OpRegistry:
             self._impls[impl.op_name].append(impl)
             self._owners.setdefault(impl.impl_id, impl.provenance)
 
-    def _validate(self, impl: object, provenance: Provenance, scope: _Scope | None) -> None:
-        """Plugins are not type-checked: anything may arrive here, and is named if refused."""
+    def _validate_against_others(
+        self, impl: OpImpl, provenance: Provenance, scope: _Scope | None
+    ) -> None:
+        """The checks that need the registry's state (under its lock; no plugin code runs)."""
         who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
-        if not isinstance(impl, OpImpl):
-            raise RegistrationError(
-                f"{who} registered {type(impl).__name__!r}; expected "
-                "sglang_fl.dispatch.types.OpImpl"
-            )
-        if impl.op_name not in STANDARD_OPS:
-            raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} for {unknown_op_message(impl.op_name)}. "
-                "Custom ops are not accepted: every op needs a contract in sglang_fl.ops"
-            )
-        if not isinstance(impl.impl_id, str) or not impl.impl_id.strip():
-            raise RegistrationError(
-                f"{who} registered an op with impl_id={impl.impl_id!r}; expected a non-empty string"
-            )
-        kind: object = impl.kind  # a plain "vendor" passes the type hint's check, not this one
-        if not isinstance(kind, BackendImplKind):
-            allowed = ", ".join(f"BackendImplKind.{k.name}" for k in BackendImplKind)
-            raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} with kind={kind!r}; allowed: {allowed}"
-            )
-        if impl.kind is BackendImplKind.VENDOR and not impl.vendor:
-            raise RegistrationError(
-                f"{who} registered vendor implementation {impl.impl_id!r} without a vendor name"
-            )
-        if isinstance(impl.priority, bool) or not isinstance(impl.priority, int):
-            raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} with priority={impl.priority!r}; "
-                "expected an int (see BackendPriority)"
-            )
-        if not callable(impl.fn):
-            raise RegistrationError(f"{who} registered {impl.impl_id!r} with a non-callable fn")
-        declared: object = impl.available
-        if declared is not None and not isinstance(declared, bool) and not callable(declared):
-            raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} with available={declared!r}; expected "
-                "None, True, False or a no-argument probe returning bool or Availability"
-            )
-        contract = STANDARD_OPS[impl.op_name]
-        problem = contract.signature_problem(impl.fn)
-        if problem is not None:
-            raise RegistrationError(
-                f"{who} registered {impl.impl_id!r} for op {impl.op_name!r}, but {problem}; "
-                f"expected {contract.signature_text()}"
-            )
         owner = self._owners.get(impl.impl_id)
         if owner is not None and owner.distribution != provenance.distribution:
             raise RegistrationError(
@@ -351,3 +338,73 @@ class OpRegistry:
         problem = identity_problem(impl, provenance)
         if problem is not None:
             raise RegistrationError(problem)
+
+
+def _normalised(impl: object, provenance: Provenance) -> OpImpl:
+    """``impl`` checked and rebuilt from exact values, or :class:`RegistrationError`.
+
+    Plugins are not type-checked: anything may arrive here, and is named if refused. Each field
+    is read once; strings become exact ``str`` (:func:`~sglang_fl.guard.plain_str`), so a
+    ``str`` subclass cannot pass one check and answer another differently later.
+    """
+    who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
+    if not isinstance(impl, OpImpl):
+        raise RegistrationError(
+            f"{who} registered {safe_repr(type(impl).__name__)}; expected "
+            "sglang_fl.dispatch.types.OpImpl"
+        )
+    raw_op, raw_id, kind, raw_vendor = impl.op_name, impl.impl_id, impl.kind, impl.vendor
+    priority, fn, declared = impl.priority, impl.fn, impl.available
+    op_name, impl_id = plain_str(raw_op), plain_str(raw_id)
+    if op_name is None or op_name not in STANDARD_OPS:
+        raise RegistrationError(
+            f"{who} registered {safe_repr(raw_id)} for "
+            f"{unknown_op_message(op_name if op_name is not None else safe_repr(raw_op))}. "
+            "Custom ops are not accepted: every op needs a contract in sglang_fl.ops"
+        )
+    if impl_id is None or not impl_id.strip():
+        raise RegistrationError(
+            f"{who} registered an op with impl_id={safe_repr(raw_id)}; expected a non-empty string"
+        )
+    if type(kind) is not BackendImplKind:  # a plain "vendor" passes the type hint's check
+        allowed = ", ".join(f"BackendImplKind.{k.name}" for k in BackendImplKind)
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with kind={safe_repr(kind)}; allowed: {allowed}"
+        )
+    if kind is BackendImplKind.REFERENCE and not is_core_reference(provenance):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with kind=BackendImplKind.REFERENCE; that kind is "
+            "core's own reference backend (what PER_OP=<op>=reference and the conformance "
+            "kit trust), so a plugin registers BackendImplKind.DEFAULT or VENDOR"
+        )
+    vendor = None if raw_vendor is None else plain_str(raw_vendor)
+    if raw_vendor is not None and vendor is None:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with vendor={safe_repr(raw_vendor)}; expected a "
+            "string or None"
+        )
+    if kind is BackendImplKind.VENDOR and not vendor:
+        raise RegistrationError(
+            f"{who} registered vendor implementation {impl_id!r} without a vendor name"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with priority={safe_repr(priority)}; "
+            "expected an int (see BackendPriority)"
+        )
+    priority = int.__int__(priority)  # an int subclass (an IntEnum member) as its value
+    if not callable(fn):
+        raise RegistrationError(f"{who} registered {impl_id!r} with a non-callable fn")
+    if declared is not None and not isinstance(declared, bool) and not callable(declared):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with available={safe_repr(declared)}; expected "
+            "None, True, False or a no-argument probe returning bool or Availability"
+        )
+    contract = STANDARD_OPS[op_name]
+    problem = contract.signature_problem(fn)
+    if problem is not None:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} for op {op_name!r}, but {plain_str(problem)}; "
+            f"expected {contract.signature_text()}"
+        )
+    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared)

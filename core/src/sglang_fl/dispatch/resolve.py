@@ -94,11 +94,18 @@ class Decision:
 
 @dataclass(frozen=True)
 class Resolution:
-    """The callable to bind (standard signature) and the decision behind it."""
+    """The callable to bind (standard signature) and the decision behind it.
+
+    ``chain`` is what ``fn`` calls, in order: the chosen implementation, then each fallback a
+    call it declines with :class:`~sglang_fl.errors.Unsupported` is handed to (the chosen one
+    alone under ``SGLANG_FL_STRICT``). Verify mode walks it to name the implementation that
+    produced each checked output.
+    """
 
     op: str
     fn: Callable[..., Any]
     decision: Decision
+    chain: tuple[OpImpl, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,8 +180,10 @@ def resolve(
         candidates=(*ranked, *rejected),
     )
     chain = [verdict.impl for verdict in ranked]
-    fn = chain[0].fn if policy.settings.strict else _bind_chain(op_name, chain)
-    return Resolution(op=op_name, fn=fn, decision=decision)
+    if policy.settings.strict:
+        chain = chain[:1]
+    fn = _bind_chain(op_name, chain)
+    return Resolution(op=op_name, fn=fn, decision=decision, chain=tuple(chain))
 
 
 def _chosen_reason(plan: OrderPlan, rank: int) -> str:

@@ -295,7 +295,7 @@ class LayerRouter:
         config = self.runtime.config
         # Both return resolution.fn itself when off: eager calls then cost what they did before.
         fn = graph_safe(resolution.op, resolution.fn, chosen.impl_id, enabled=config.custom_ops)
-        fn = self.verifier.wrap(fn, chosen, qualname(cls))
+        fn = self.verifier.wrap(fn, chosen, qualname(cls), chain=resolution.chain)
         forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
         # Engines' traces label a cached forward by its name: make it say who runs.
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{chosen.impl_id}]"

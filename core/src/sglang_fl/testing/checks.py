@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from .._strenum import StrEnum
+from ..config import Settings
 from ..dispatch.availability import AvailabilityCache
 from ..dispatch.registry import OpRegistry
-from ..dispatch.types import Availability, BackendImplKind, OpImpl
+from ..dispatch.types import Availability, OpImpl
 from ..errors import Unsupported
 from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
@@ -53,8 +54,9 @@ class CheckStatus(StrEnum):
 # Short names for the statuses, used by check functions and vendors' own tests.
 PASSED, SKIPPED, FAILED = CheckStatus.PASSED, CheckStatus.SKIPPED, CheckStatus.FAILED
 
-# The kit probes availability once per process, like the runtime (which keeps its own cache).
-_AVAILABILITY = AvailabilityCache()
+# The kit probes availability once per process, like the runtime (which keeps its own cache),
+# waiting for a probe as long as the runtime does (SGLANG_FL_PLUGIN_TIMEOUT): made on first use.
+_AVAILABILITY: AvailabilityCache | None = None
 
 
 @dataclass(frozen=True)
@@ -128,17 +130,27 @@ def check_signature(impl: OpImpl) -> Outcome:
     )
 
 
-def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cpu") -> Outcome:
+def check_case(
+    impl: OpImpl,
+    case: OpCase,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    *,
+    reference_device: str | None = None,
+) -> Outcome:
     """Run ``impl`` on one case and dtype; compare with the reference and the in-place rules.
 
     The implementation and the reference each get their own copy of the inputs (made twice from
     the same seed, so strided views stay strided). Raising :class:`~sglang_fl.Unsupported` is a
-    skip, unless the implementation wrote to its inputs first.
+    skip, unless the implementation wrote to its inputs first. ``reference_device`` computes the
+    reference there instead (on the same values: inputs are drawn on the host, then moved) and
+    moves its result to ``device`` for the comparison: a chip's own aten ops may not compute the
+    reference's math exactly (torch_npu documents ``F.gelu`` ignoring ``approximate``).
     """
     contract = get_contract(impl.op_name)
     where = f"{describe(impl)}, case {case.name!r}, dtype {dtype_name(dtype)}, device {device}"
     inputs = _make_inputs(contract, case, dtype, device)
-    expected_inputs = _make_inputs(contract, case, dtype, device)
+    expected_inputs = _make_inputs(contract, case, dtype, reference_device or device)
     before = _snapshot(contract, inputs)
     try:
         got = impl.fn(inputs.obj, *inputs.args, **inputs.kwargs)
@@ -157,6 +169,8 @@ def check_case(impl: OpImpl, case: OpCase, dtype: torch.dtype, device: str = "cp
             f"{where}: raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
         )
     want = contract.reference(expected_inputs.obj, *expected_inputs.args, **expected_inputs.kwargs)
+    if reference_device is not None:
+        want = _moved(want, device)
     problems = list(
         _output_problems(
             contract.canonical_output(got),
@@ -228,9 +242,7 @@ def plan(
             impl
             for op_name in STANDARD_OPS
             for impl in runtime.registry.implementations(op_name)
-            if impl.provenance is not None
-            and impl.provenance.plugin == record.name
-            and impl.kind is not BackendImplKind.REFERENCE
+            if impl.provenance is not None and impl.provenance.plugin == record.name
         ]
         checks.append(Check(f"{record.name}/plugin", _bind(check_plugin, record, len(impls))))
         impls = [impl for impl in impls if impl.op_name in ops]
@@ -270,7 +282,11 @@ def registered_by(register: Callable[[OpRegistry], object]) -> OpRegistry:
 
 
 def probe(impl: OpImpl) -> Availability:
-    """The implementation's availability, probed at most once per process by the kit."""
+    """The implementation's availability, probed at most once per process by the kit; a probe
+    that does not answer within ``SGLANG_FL_PLUGIN_TIMEOUT`` is unavailable, as at run time."""
+    global _AVAILABILITY
+    if _AVAILABILITY is None:
+        _AVAILABILITY = AvailabilityCache(timeout=Settings.from_environment().plugin_timeout)
     return _AVAILABILITY.check(impl)
 
 
@@ -289,6 +305,15 @@ def _bind(fn: Callable[..., Outcome], *args: Any) -> Callable[[], Outcome]:
 
 
 # -- case internals -------------------------------------------------------------------------------
+
+
+def _moved(output: Any, device: str) -> Any:
+    """A reference output (a tensor or a tuple of them) on ``device``; copies are exact."""
+    if isinstance(output, torch.Tensor):
+        return output.to(device)
+    if isinstance(output, tuple):
+        return tuple(_moved(part, device) for part in output)
+    return output
 
 
 def _make_inputs(contract: OpContract, case: OpCase, dtype: torch.dtype, device: str) -> OpInputs:

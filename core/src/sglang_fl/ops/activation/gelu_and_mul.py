@@ -19,7 +19,7 @@ from ..contract import (
     axis,
     case_grid,
 )
-from .silu_and_mul import gate_inputs
+from .silu_and_mul import NARROW_GATES, gate_inputs
 
 # The two GELU forms GeluAndMul takes (``obj.approximate``), as torch's F.gelu names them.
 APPROXIMATIONS = ("none", "tanh")
@@ -57,12 +57,21 @@ def _case_name(p: Mapping[str, Any]) -> str:
     return name + ("" if p["contiguous"] else ",strided")
 
 
-CASES = case_grid(
-    _case_name,
-    axis("tokens", TOKEN_COUNTS),
-    axis("d", (16, 128, 352)),
-    axis("approximate", APPROXIMATIONS),
-    axis("contiguous", (True, False)),
+CASES = (
+    *case_grid(
+        _case_name,
+        axis("tokens", TOKEN_COUNTS),
+        axis("d", (16, 128, 352)),
+        axis("approximate", APPROXIMATIONS),
+        axis("contiguous", (True, False)),
+    ),
+    *case_grid(
+        _case_name,
+        axis("tokens", (3,)),
+        axis("d", NARROW_GATES),
+        axis("approximate", APPROXIMATIONS),
+        axis("contiguous", (True,)),
+    ),
 )
 
 

@@ -38,6 +38,13 @@ def _case_name(p: Mapping[str, Any]) -> str:
     return f"tokens={p['tokens']},d={p['d']}" + ("" if p["contiguous"] else ",strided")
 
 
+# Gate widths whose half-row is not a whole number of 16-byte vectors in some dtype: 2 and 6
+# (8 and 24 bytes in float32), 4, 12 and 20 (8, 24 and 40 bytes in float16/bfloat16, while the
+# whole row 2d is a multiple of 16 bytes). Kernels that load each half in 16-byte vectors (an
+# SGLang layer with intermediate size 4 on a GPU is legal) must compute them or decline them.
+NARROW_GATES = (2, 4, 6, 12, 20)
+
+
 CASES = (
     *case_grid(
         _case_name,
@@ -47,6 +54,9 @@ CASES = (
     ),
     # An empty batch (0 tokens) reaches the layer too, e.g. an idle data-parallel rank.
     *case_grid(_case_name, axis("tokens", (0,)), axis("d", (128,)), axis("contiguous", (True,))),
+    *case_grid(
+        _case_name, axis("tokens", (3,)), axis("d", NARROW_GATES), axis("contiguous", (True,))
+    ),
 )
 
 

@@ -181,6 +181,10 @@ _EXPERTS_TOPK = (
     {"experts": 64, "top_k": 8},
 )
 _TOPK_GROUPS = (4, 2)  # num_expert_group, topk_group of the grouped cases
+# DeepSeek-V3's grouped layout (256 experts, 8 groups, best 4 groups, top 8): groups of 32, the
+# one layout every release of Ascend's npu_moe_gating_top_k takes (older ones take no other;
+# the newer need more than 2 experts per group, which 8 experts in 4 groups do not have).
+_DEEPSEEK_LAYOUT = {"experts": 256, "top_k": 8, "groups": 8, "topk_group": 4}
 ROUTED_SCALING_FACTOR = 2.5
 
 
@@ -203,9 +207,12 @@ def _topk_case_name(p: Mapping[str, Any]) -> str:
             *(("scaled",) if p["scaled"] else ()),
         )
     )
-    return f"{_experts_name(p)},{routing}{_strided_suffix(p)}"
+    layout = p.get("groups", _TOPK_GROUPS[0]), p.get("topk_group", _TOPK_GROUPS[1])
+    groups = f",groups={layout[0]}/{layout[1]}" if layout != _TOPK_GROUPS else ""
+    return f"{_experts_name(p)},{routing}{groups}{_strided_suffix(p)}"
 
 
+_GROUPED_ROUTINGS = tuple(r for r in _ROUTINGS if r["grouped"])
 _TOPK_CASES = (
     *case_grid(
         _topk_case_name,
@@ -221,6 +228,13 @@ _TOPK_CASES = (
         _EXPERTS_TOPK[:1],
         _ROUTINGS,
         axis("contiguous", (False,)),
+    ),
+    *case_grid(
+        _topk_case_name,
+        axis("tokens", (1, 33)),
+        (_DEEPSEEK_LAYOUT,),
+        _GROUPED_ROUTINGS,
+        axis("contiguous", (True,)),
     ),
 )
 
@@ -238,6 +252,7 @@ def _make_topk_inputs(
 ) -> OpInputs:
     p = case.params
     tokens, experts = p["tokens"], p["experts"]
+    num_groups, topk_group = p.get("groups", _TOPK_GROUPS[0]), p.get("topk_group", _TOPK_GROUPS[1])
     # Logits spread so that rounding to the dtype never creates a tie or swaps two experts;
     # sigmoid needs a narrow range (it saturates), softmax a wide one.
     step = 0.25 if p["scoring_func"] == ScoringFunc.SOFTMAX else 4.0 / experts
@@ -248,7 +263,7 @@ def _make_topk_inputs(
     if p["bias"]:
         # Spaced wider than any score difference, so the choice is the bias's alone and is the
         # same in every precision; grouped: each group's band is far from the others.
-        groups = _TOPK_GROUPS[0] if p["grouped"] else 1
+        groups = num_groups if p["grouped"] else 1
         per_group = experts // groups
         within = torch.rand(groups, per_group, generator=generator).argsort(dim=-1).float()
         band = torch.rand(groups, generator=generator).argsort().float() * (2 * per_group + 2)
@@ -258,8 +273,8 @@ def _make_topk_inputs(
         renormalize=p["renormalize"],
         scoring_func=p["scoring_func"],
         use_grouped_topk=p["grouped"],
-        num_expert_group=_TOPK_GROUPS[0] if p["grouped"] else None,
-        topk_group=_TOPK_GROUPS[1] if p["grouped"] else None,
+        num_expert_group=num_groups if p["grouped"] else None,
+        topk_group=topk_group if p["grouped"] else None,
         correction_bias=bias,
         routed_scaling_factor=ROUTED_SCALING_FACTOR if p["bias"] else None,
         apply_routed_scaling_factor_on_output=p["scaled"],
@@ -377,7 +392,13 @@ _FUSED_MOE_CASES = (
     *case_grid(
         _fused_moe_case_name,
         axis("tokens", (0, 1, 17)),
-        ({"experts": 4, "top_k": 1}, {"experts": 8, "top_k": 2}, {"experts": 60, "top_k": 4}),
+        # One expert too (a dense layer served by the MoE path, or one rank's expert shard).
+        (
+            {"experts": 1, "top_k": 1},
+            {"experts": 4, "top_k": 1},
+            {"experts": 8, "top_k": 2},
+            {"experts": 60, "top_k": 4},
+        ),
         *_FUSED_MOE_SIZES,
         _ACTIVATIONS,
         axis("contiguous", (True,)),
