@@ -12,7 +12,7 @@ import torch
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 from sglang_fl.ops import get_contract
-from sglang_fl.testing.vendor import VendorSuite, fresh_env
+from sglang_fl.testing.vendor import VendorSuite, fresh_env, topk_config
 
 
 def register(registry: OpRegistry) -> None:
@@ -147,3 +147,12 @@ def test_assert_routed_needs_every_implemented_op_on_the_chip() -> None:
             {"silu_and_mul": decision("silu_and_mul", "reference.silu_and_mul", routed)},
             "1 widget",
         )
+
+
+def test_topk_config_has_every_attribute_the_contract_reads() -> None:
+    config = topk_config(3, scoring_func="sigmoid")
+    assert (config.top_k, config.scoring_func, config.renormalize) == (3, "sigmoid", True)
+    weights, ids = get_contract("topk").reference(config, torch.randn(2, 8))
+    assert weights.shape == ids.shape == (2, 3)
+    with pytest.raises(TypeError, match=r"unknown attribute\(s\) \['topk'\]"):
+        topk_config(3, topk=2)

@@ -28,7 +28,7 @@ from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
 from sglang_fl.testing.doubles import install_double
-from sglang_fl.testing.vendor import VendorSuite
+from sglang_fl.testing.vendor import VendorSuite, topk_config
 
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
 REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
@@ -350,19 +350,7 @@ def test_mrope_declines_sizes_npu_mrope_does_not_align(torch_npu: TorchNpuDouble
 
 
 def router(**options: object) -> SimpleNamespace:
-    config = {
-        "top_k": 4,
-        "renormalize": True,
-        "scoring_func": "softmax",
-        "use_grouped_topk": False,
-        "num_expert_group": None,
-        "topk_group": None,
-        "correction_bias": None,
-        "routed_scaling_factor": None,
-        "apply_routed_scaling_factor_on_output": False,
-    }
-    config.update(options)
-    return SimpleNamespace(**config)
+    return topk_config(**{"top_k": 4, **options})
 
 
 def test_topk_plain_softmax_is_the_gating_softmax_operator(torch_npu: TorchNpuDouble) -> None:

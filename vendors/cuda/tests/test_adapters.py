@@ -26,7 +26,7 @@ from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
-from sglang_fl.testing.vendor import VendorSuite
+from sglang_fl.testing.vendor import VendorSuite, topk_config
 
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
 REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
@@ -383,19 +383,7 @@ def test_gemma_rms_norm_declines_float32_before_writing(sgl_kernel: SglKernelDou
 
 
 def router(**options: object) -> SimpleNamespace:
-    config = {
-        "top_k": 2,
-        "renormalize": True,
-        "scoring_func": "softmax",
-        "use_grouped_topk": False,
-        "num_expert_group": None,
-        "topk_group": None,
-        "correction_bias": None,
-        "routed_scaling_factor": None,
-        "apply_routed_scaling_factor_on_output": False,
-    }
-    config.update(options)
-    return SimpleNamespace(**config)
+    return topk_config(**{"top_k": 2, **options})
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])

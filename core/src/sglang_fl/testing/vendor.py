@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..dispatch.types import OpImpl
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
     from ..dispatch.registry import OpRegistry
 
-__all__ = ["SUBPROCESS_TIMEOUT", "VendorSuite", "fresh_env"]
+__all__ = ["SUBPROCESS_TIMEOUT", "VendorSuite", "fresh_env", "topk_config"]
 
 # Seconds one CLI or ``python -c`` child may take: loading core, the plugin and torch is a few.
 SUBPROCESS_TIMEOUT = 120.0
@@ -62,6 +63,29 @@ def fresh_env(*paths: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     return env
+
+
+def topk_config(top_k: int, **options: object) -> SimpleNamespace:
+    """A stand-in for SGLang's ``TopKConfig``, the ``obj`` of ``topk``: every attribute the
+    contract reads (:mod:`sglang_fl.ops.moe`), plain softmax routing with renormalization unless
+    ``options`` say otherwise."""
+    config: dict[str, object] = {
+        "top_k": top_k,
+        "renormalize": True,
+        "scoring_func": "softmax",
+        "use_grouped_topk": False,
+        "num_expert_group": None,
+        "topk_group": None,
+        "correction_bias": None,
+        "routed_scaling_factor": None,
+        "apply_routed_scaling_factor_on_output": False,
+    }
+    unknown = set(options) - set(config)
+    if unknown:
+        raise TypeError(
+            f"topk_config: unknown attribute(s) {sorted(unknown)}; allowed: {list(config)}"
+        )
+    return SimpleNamespace(**{**config, **options})
 
 
 @dataclass(frozen=True)
