@@ -127,16 +127,12 @@ from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
 
 
 class Liar(str):
+    # Passes the identity rule's `vendor != name` and `startswith(namespace)` checks.
     def startswith(self, *args, **kwargs):
-        return True
-
-    def __eq__(self, other):
         return True
 
     def __ne__(self, other):
         return False
-
-    __hash__ = str.__hash__
 
 
 @hookimpl
