@@ -186,12 +186,58 @@ def install_sglang_and_core(session: nox.Session) -> Path:
     return core
 
 
+# Per-test time limits (pytest-timeout), so a hang fails that test with a traceback instead of
+# holding CI until its own limit. Unit tests get a tighter limit: the slowest (the hardware
+# conformance script run in subprocesses, core/tests/test_testing_hardware.py) took 87 s on the
+# shared 2-core machine at load 13, so 300 s leaves room for a busy machine and still ends a
+# hang in minutes. End-to-end tests (SGLang and vLLM engines, fresh venvs, wheel builds) get a
+# generous one, above the hard timeout each of their subprocesses already has (at most 600 s: an
+# engine start, a compile worker), so a hung subprocess still fails with the test's own message
+# first. ``signal`` (SIGALRM): the test
+# raises where it is stuck and its finalizers run, so the engines and servers a fixture started
+# are stopped (their process groups killed) and the session goes on to the next test; the
+# ``thread`` method would end pytest at once and leave them running. A test may carry its own
+# ``@pytest.mark.timeout(N)``; ``-- --timeout=0`` turns the limit off (e.g. under a debugger).
+PYTEST_TIMEOUT = "pytest-timeout>=2.3"
+UNIT_TEST_LIMIT_S = 300
+END_TO_END_TEST_LIMIT_S = 900
+
+
+def run_pytest(
+    session: nox.Session, *paths: str, limit_s: int, env: dict[str, str] | None = None
+) -> None:
+    """pytest over ``paths`` with the per-test limit on (the session installed PYTEST_TIMEOUT).
+
+    ``-p timeout`` loads pytest-timeout by its plugin name, so a venv without it fails here
+    instead of running without limits; ``--durations`` lists the slowest tests for the CI budget.
+    """
+    session.run(
+        "pytest",
+        "-p",
+        "timeout",
+        f"--timeout={limit_s}",
+        "--timeout-method=signal",
+        "--durations=10",
+        *paths,
+        *session.posargs,
+        env=env,
+    )
+
+
+DOCS_REQUIREMENTS = ROOT / "requirements" / "docs.txt"
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree (lint rules, formatting); mypy over core's and the vendors' code.
+    """ruff over the whole tree; mypy over core's and the vendors' code; import-linter's
+    contracts over core's layers and the vendors' imports; the documentation site.
 
     mypy reads the real torch, pluggy and pytest types (configured in pyproject.toml,
-    ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not.
+    ``[tool.mypy]``), so they are installed here; chip SDKs and SGLang are not. The site
+    (mkdocs.yml, requirements/docs.txt) is built with ``--strict``: a broken link or anchor, a
+    page missing from the navigation or an API reference that does not resolve fails the
+    session. Its API pages read core's source as it stands (``core/src``), so nothing is built
+    for them; the site goes to a temporary directory.
     """
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
@@ -199,6 +245,15 @@ def lint(session: nox.Session) -> None:
     install_torch_cpu(session)
     session.install("mypy>=1.11", "pluggy>=1.3", "packaging>=21", "pytest>=7")
     session.run("mypy")
+    # The import layers (pyproject.toml, [tool.importlinter]): core and the vendors installed
+    # without dependencies (editable: nothing is built), so import-linter finds every package.
+    session.install("import-linter>=2.1")
+    session.install("--no-deps", "-e", str(CORE), *(f"-e{VENDORS / n}" for n in VENDOR_NAMES))
+    session.run("lint-imports", "--no-cache")
+    session.install("-r", str(DOCS_REQUIREMENTS))
+    site = Path(session.create_tmp()) / "site"
+    quiet = {"NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2, not a build warning
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env=quiet)
 
 
 @nox.session
@@ -207,8 +262,8 @@ def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
     wheels = build(session, "core")
-    install_built(session, wheels["core"], extra=("pytest",))
-    session.run("pytest", "core/tests", *session.posargs)
+    install_built(session, wheels["core"], extra=("pytest", PYTEST_TIMEOUT))
+    run_pytest(session, "core/tests", limit_s=UNIT_TEST_LIMIT_S)
 
 
 @nox.session
@@ -228,7 +283,7 @@ def vendor(session: nox.Session, name: str) -> None:
     """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
     install_torch_cpu(session)
     built = build(session, "core", name)
-    install_built(session, built["core"], built[name], extra=("pytest",))
+    install_built(session, built["core"], built[name], extra=("pytest", PYTEST_TIMEOUT))
     report = json.loads(
         session.run("sglang-fl", "plugins", "--json", silent=True, external=False) or "{}"
     )
@@ -237,7 +292,7 @@ def vendor(session: nox.Session, name: str) -> None:
     if not mine or any(p["status"] != "loaded" for p in mine):
         session.error(f"{expected} is not reported loaded by `sglang-fl plugins --json`: {report}")
     session.log(f"{expected}: {[(p['name'], p['status']) for p in mine]}")
-    session.run("pytest", str(VENDORS / name / "tests"), *session.posargs)
+    run_pytest(session, str(VENDORS / name / "tests"), limit_s=UNIT_TEST_LIMIT_S)
 
 
 @nox.session
@@ -248,9 +303,10 @@ def cross(session: nox.Session) -> None:
     # The README's Install commands run in a fresh venv of their own in pytest's temporary dir.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The Install test's venv")
     built = build(session, "core")
-    install_built(session, built["core"], extra=("pytest", "build", "setuptools>=77"))
+    extra = ("pytest", PYTEST_TIMEOUT, "build", "setuptools>=77")
+    install_built(session, built["core"], extra=extra)
     env = {"INSTALL_TEST_TORCH": TORCH_CPU}
-    session.run("pytest", "tests/cross", *session.posargs, env=env)
+    run_pytest(session, "tests/cross", limit_s=END_TO_END_TEST_LIMIT_S, env=env)
 
 
 @nox.session
@@ -264,9 +320,9 @@ def kit(session: nox.Session) -> None:
     # The walkthrough's own venv (torch and core) lives in pytest's temporary directory.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The kit's venv")
     built = build(session, "core")
-    session.install("pytest")
+    session.install("pytest", PYTEST_TIMEOUT)
     env = {"KIT_CORE_WHEEL": str(built["core"]), "KIT_TORCH": TORCH_CPU}
-    session.run("pytest", "tests/kit", *session.posargs, env=env)
+    run_pytest(session, "tests/kit", limit_s=END_TO_END_TEST_LIMIT_S, env=env)
 
 
 def requested_bench_parts(posargs: list[str]) -> set[str] | None:
@@ -283,8 +339,8 @@ def bench(session: nox.Session) -> None:
     Two environments: this session's (SGLang, every sglang-fl wheel, the real model's needs,
     matplotlib) and a small one for the start-up measurements (CPU torch and the wheels), built
     only when that part runs. Writes benchmarks/results/latest.{json,md}, startup.png and
-    e2e.{json,md} and prints the tables; ``-- --update-readme`` also refreshes the README's
-    tables, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
+    e2e.{json,md} and prints the tables; ``-- --update-docs`` also refreshes the tables
+    of docs/benchmarks.md, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
     """
     install_sglang(session)
     install_real_model_deps(session)
@@ -309,8 +365,8 @@ def bench(session: nox.Session) -> None:
 def sglang(session: nox.Session) -> None:
     """SGLang through sglang-fl on the CPU: layers, Engine, HTTP server, a vendor wheel."""
     install_sglang_and_core(session)
-    session.install("pytest")
-    session.run("pytest", "tests/sglang", *session.posargs)
+    session.install("pytest", PYTEST_TIMEOUT)
+    run_pytest(session, "tests/sglang", limit_s=END_TO_END_TEST_LIMIT_S)
 
 
 @nox.session
@@ -319,8 +375,8 @@ def vllm(session: nox.Session) -> None:
     """vLLM (CPU build) through sglang-fl: its layers, its engine, the probe vendor wheel."""
     install_vllm(session)
     core = build(session, "core")["core"]
-    install_built(session, core, extra=("pytest",))
-    session.run("pytest", "tests/vllm", *session.posargs)
+    install_built(session, core, extra=("pytest", PYTEST_TIMEOUT))
+    run_pytest(session, "tests/vllm", limit_s=END_TO_END_TEST_LIMIT_S)
 
 
 @nox.session

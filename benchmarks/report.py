@@ -9,10 +9,12 @@ BOUND_TARGET = 1.05  # bound callable vs a direct call
 ROUTED_TARGET = 1.10  # routed SGLang layer vs the same layer on forward_native, small tensors
 REFERENCE_TARGET = 1.05  # reference kernel vs SGLang's forward_native
 
-README_START = "<!-- bench:start -->"
-README_END = "<!-- bench:end -->"
-README_E2E_START = "<!-- bench-e2e:start -->"
-README_E2E_END = "<!-- bench-e2e:end -->"
+# The marked sections of the documentation's benchmarks page (docs/benchmarks.md) that
+# ``run.py --update-docs`` rewrites.
+DOC_START = "<!-- bench:start -->"
+DOC_END = "<!-- bench:end -->"
+DOC_E2E_START = "<!-- bench-e2e:start -->"
+DOC_E2E_END = "<!-- bench-e2e:end -->"
 
 
 def _ns(value: float) -> str:
@@ -330,13 +332,13 @@ def e2e_markdown(result: dict[str, Any]) -> str:
     )
 
 
-def update_readme(
-    readme: Path, text: str, start_marker: str = README_START, end_marker: str = README_END
+def update_section(
+    page: Path, text: str, start_marker: str = DOC_START, end_marker: str = DOC_END
 ) -> bool:
-    """Replace what lies between two markers in the README; False if they are missing."""
-    content = readme.read_text()
+    """Replace what lies between two markers in ``page``; False if they are missing."""
+    content = page.read_text()
     start, end = content.find(start_marker), content.find(end_marker)
     if start < 0 or end < start:
         return False
-    readme.write_text(content[: start + len(start_marker)] + "\n" + text + content[end:])
+    page.write_text(content[: start + len(start_marker)] + "\n" + text + content[end:])
     return True

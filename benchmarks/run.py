@@ -4,8 +4,9 @@ Usually run by ``nox -s bench``, which builds both environments it needs: this i
 (SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
 start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
 ``--only e2e`` (or ``calls``, ``startup``; repeatable) runs some parts only: the per-call and
-start-up parts write ``latest.*`` and the README's bench section, the end-to-end part writes
-``e2e.*`` and the README's end-to-end section.
+start-up parts write ``latest.*``, the end-to-end part ``e2e.*``; with ``--update-docs`` each
+also rewrites its marked section of the documentation's page, ``docs/benchmarks.md`` (the plot
+is copied next to it, to ``docs/assets/``, since the site holds only what lies under ``docs/``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +30,8 @@ import startup
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PARTS = ("calls", "startup", "e2e")
+DOC = ROOT / "docs" / "benchmarks.md"
+DOC_PLOT = ROOT / "docs" / "assets" / "startup.png"
 
 
 def _commit() -> str | None:
@@ -60,12 +64,11 @@ def _write(out: Path, stem: str, result: dict[str, Any], text: str) -> None:
     print(f"wrote {out / f'{stem}.json'}, {out / f'{stem}.md'}", flush=True)
 
 
-def _update_readme(text: str, start: str, end: str) -> None:
-    readme = ROOT / "README.md"
-    if report.update_readme(readme, text, start, end):
-        print(f"updated the {start} section of {readme}")
+def _update_docs(text: str, start: str, end: str) -> None:
+    if report.update_section(DOC, text, start, end):
+        print(f"updated the {start} section of {DOC}")
     else:
-        print(f"{readme} has no {start} ... {end} markers; not updated", file=sys.stderr)
+        print(f"{DOC} has no {start} ... {end} markers; not updated", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         "--only", action="append", choices=PARTS, help="run only this part (repeatable)"
     )
     parser.add_argument(
-        "--update-readme", action="store_true", help="replace the README's bench sections"
+        "--update-docs",
+        "--update-readme",  # its name when the tables lived in the README
+        dest="update_docs",
+        action="store_true",
+        help=f"replace the bench sections of {DOC.relative_to(ROOT)}",
     )
     parser.add_argument("--command", default="nox -s bench", help="recorded as how it was run")
     args = parser.parse_args(argv)
@@ -107,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         result["duration_s"] = round(time.perf_counter() - began, 1)
         text = report.e2e_markdown(result)
         _write(args.out, "e2e", result, text)
-        if args.update_readme:
-            _update_readme(text, report.README_E2E_START, report.README_E2E_END)
+        if args.update_docs:
+            _update_docs(text, report.DOC_E2E_START, report.DOC_E2E_END)
     return 0
 
 
@@ -143,8 +150,13 @@ def _calls_and_startup(args: argparse.Namespace, command: str) -> None:
     _write(args.out, "latest", result, text)
     if not plot_path:
         print("no plot: matplotlib missing")
-    if args.update_readme:
-        _update_readme(text, report.README_START, report.README_END)
+    if args.update_docs:
+        doc_plot = None
+        if plot_path:
+            DOC_PLOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(plot_path, DOC_PLOT)
+            doc_plot = DOC_PLOT.relative_to(DOC.parent).as_posix()
+        _update_docs(report.markdown(result, doc_plot), report.DOC_START, report.DOC_END)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_fl.ops import get_contract
-from sglang_fl.ops.mrotary_embedding import lane_axes
+from sglang_fl.ops.rotary.mrotary_embedding import lane_axes
 from sglang_fl.testing.checks import _make_inputs
 
 # The activations, norms, rope and position ops of the second set (the MoE ops have their own

@@ -13,6 +13,7 @@ from sglang_fl.testing.doubles import (
     Constraint,
     ConstraintViolation,
     SdkDouble,
+    assert_rejects,
     constraint_tests,
     constraints_of,
     install_double,
@@ -110,3 +111,11 @@ def test_constraint_tests_catch_a_wrong_or_missing_rejection() -> None:
         rejects(WidgetSdk.EVEN, lambda sdk: sdk.twice(-1))  # refused, but for another rule
     with pytest.raises(AssertionError, match=r"without a rejecting call: \['twice: a posit"):
         covered()
+
+
+def test_assert_rejects_needs_that_constraint_refused() -> None:
+    assert_rejects(WidgetSdk(), WidgetSdk.EVEN, lambda sdk: sdk.twice(3))
+    with pytest.raises(AssertionError, match="requires a positive count"):
+        assert_rejects(WidgetSdk(), WidgetSdk.EVEN, lambda sdk: sdk.twice(-2))
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        assert_rejects(WidgetSdk(), WidgetSdk.EVEN, lambda sdk: sdk.twice(2))

@@ -23,25 +23,42 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# The operators' page of the documentation repeats the section; it must not drift from this one.
+DOCS_PAGE = ROOT / "docs" / "running.md"
 TORCH_ENV = "INSTALL_TEST_TORCH"
 COMMANDS_TIMEOUT_S = 1200
 
 
-def install_commands(readme: str) -> str:
+def install_section(page: Path) -> str:
+    """The ``## Install`` section of ``page``, up to the next ``## `` heading."""
+    found = re.search(r"^## Install\n(.*?)(?=^## )", page.read_text(), re.MULTILINE | re.DOTALL)
+    assert found, f"{page} has no '## Install' section"
+    return found.group(1)
+
+
+def install_commands(page: Path = README) -> str:
     """The first ``bash`` block of the ``## Install`` section."""
-    section = re.search(r"^## Install\n(.*?)(?=^## )", readme, re.MULTILINE | re.DOTALL)
-    assert section, f"{README} has no '## Install' section"
-    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.MULTILINE | re.DOTALL)
+    section = install_section(page)
+    block = re.search(r"^```bash\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
     assert block, "the Install section has no ```bash block"
     return block.group(1)
 
 
 def test_install_section_builds_and_installs_the_wheels() -> None:
-    commands = install_commands(README.read_text())
+    commands = install_commands()
     assert "pip install sglang-fl " not in commands, "not on PyPI yet: the block must not say so"
     assert "sglang-fl ops" in commands
 
 
+def test_the_documentation_shows_the_same_install_section() -> None:
+    assert install_commands(DOCS_PAGE) == install_commands(), (
+        f"the Install commands of {DOCS_PAGE} differ from the README's, which this file runs"
+    )
+
+
+# A torch install (capped at 900 s) and the commands (COMMANDS_TIMEOUT_S) in one test: above nox's
+# per-test limit of 900 s.
+@pytest.mark.timeout(2400)
 def test_install_commands_work_as_written_in_a_fresh_venv(tmp_path: Path) -> None:
     torch_requirement = os.environ.get(TORCH_ENV)
     if not torch_requirement:
@@ -59,7 +76,7 @@ def test_install_commands_work_as_written_in_a_fresh_venv(tmp_path: Path) -> Non
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, torch_requirement, "numpy"], check=True, env=env, timeout=900)
 
-    script = "set -euo pipefail\n" + install_commands(README.read_text())
+    script = "set -euo pipefail\n" + install_commands()
     done = subprocess.run(
         ["bash", "-c", script],
         cwd=checkout,

@@ -252,21 +252,21 @@ def register_builtins(registry) -> None:
 """,
     "src/sglang_fl_seedchip/impl/__init__.py": "",
     "src/sglang_fl_seedchip/impl/activation.py": """
-from sglang_fl.ops.silu_and_mul import reference
+from sglang_fl.ops.activation.silu_and_mul import reference
 
 
 def silu_and_mul_my_chip(obj, x):
     return reference(obj, x)
 """,
     "src/sglang_fl_seedchip/impl/normalization.py": """
-from sglang_fl.ops.rms_norm import reference
+from sglang_fl.ops.normalization.rms_norm import reference
 
 
 def rms_norm_my_chip(obj, x, residual=None):
     return reference(obj, x, residual)
 """,
     "src/sglang_fl_seedchip/impl/rotary.py": """
-from sglang_fl.ops.rotary_embedding import reference
+from sglang_fl.ops.rotary.rotary_embedding import reference
 
 
 def rotary_embedding_my_chip(obj, query, key, cos, sin, position_ids, rotary_interleaved,

@@ -129,6 +129,9 @@ def summary(output: str) -> dict[str, int]:
     return {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", last)}
 
 
+# The whole walkthrough in one test: a torch install, two wheel builds, pytest, each capped at
+# 600 s by ``sh``; nox's per-test limit (900 s) would cut the sum short.
+@pytest.mark.timeout(1800)
 def test_walkthrough(tmp_path: Path) -> None:
     venv_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(venv_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._version import __version__
 from .errors import (
     ConfigError,
     NoImplementationError,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
     from .runtime import Runtime
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Availability",

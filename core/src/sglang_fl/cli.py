@@ -1,6 +1,6 @@
 """``sglang-fl``: which plugins loaded, which kernel won for every op, and why.
 
-Every command has ``--json`` whose shape is documented in the README ("Inspection") and
+Every command has ``--json`` whose shape is documented in docs/reference/cli.md and
 versioned by ``schema_version``. A plugin that fails to load is reported, never fatal here.
 """
 
@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from . import __version__, scaffold
+from . import scaffold
+from ._version import __version__
 from .config import Settings
 from .dispatch.identity import IDENTITY_RULE
 from .dispatch.resolve import CandidateOutcome

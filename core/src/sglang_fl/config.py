@@ -8,18 +8,17 @@ from, for ``sglang-fl doctor``.
 from __future__ import annotations
 
 import difflib
-import errno
 import logging
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .dispatch.types import BackendImplKind, OpImpl
+from ._files import append_target_problem
+from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, is_valid_name
 from .errors import ConfigError
 from .ops import STANDARD_OPS, unknown_op_message
 from .schema import ConfigurationJson
@@ -42,62 +41,8 @@ __all__ = [
 
 ENV_PREFIX = "SGLANG_FL_"
 _log = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# What a plugin (entry-point) or vendor name may be: what the name-list settings can spell.
-NAME_HELP = "a letter or digit, then letters, digits, '_', '.' or '-'"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-# Where a setting that no file or variable sets comes from (``sglang-fl doctor``, decisions).
-DEFAULT_SOURCE = "default"
-# ``impl:<impl_id>`` names one implementation; every other token is a BackendImplKind value.
-IMPL_TOKEN = "impl"
-TOKEN_HELP = ", ".join(
-    [
-        *(
-            f"{kind}, {kind}:<name>" if kind is BackendImplKind.VENDOR else str(kind)
-            for kind in BackendImplKind
-        ),
-        f"{IMPL_TOKEN}:<impl_id>",
-    ]
-)
-
-
-@dataclass(frozen=True)
-class OrderToken:
-    """One entry of a selection order: a kind, a named vendor, or one implementation.
-
-    ``kind`` is a :class:`BackendImplKind` (``value``: the vendor, for ``vendor:<name>``) or
-    :data:`IMPL_TOKEN` (``value``: the impl_id).
-    """
-
-    kind: BackendImplKind | str
-    value: str | None = None
-
-    def __str__(self) -> str:
-        return str(self.kind) if self.value is None else f"{self.kind}:{self.value}"
-
-    @classmethod
-    def parse(cls, text: str, where: str) -> OrderToken:
-        token = text.strip()
-        kind, sep, value = token.partition(":")
-        if not sep and kind in _KIND_TOKENS:
-            return cls(BackendImplKind(kind))
-        if sep and kind == BackendImplKind.VENDOR and value and is_valid_name(value):
-            return cls(BackendImplKind.VENDOR, value)
-        if sep and kind == IMPL_TOKEN and value and is_valid_name(value):
-            return cls(IMPL_TOKEN, value)
-        raise ConfigError(f"{where}: invalid selection token {token!r}; allowed: {TOKEN_HELP}")
-
-    def matches(self, impl: OpImpl) -> bool:
-        """Whether ``impl`` is one of the implementations this token names."""
-        if self.kind == IMPL_TOKEN:
-            return impl.impl_id == self.value
-        return impl.kind == self.kind and (self.value is None or impl.vendor == self.value)
-
-
-# The order used when no setting gives one: every kind, in BackendImplKind's order.
-DEFAULT_ORDER = tuple(OrderToken(kind) for kind in BackendImplKind)
-_KIND_TOKENS = {kind.value for kind in BackendImplKind}
 
 
 # One parsing rule per setting, whatever the source: a variable's text and a TOML value go
@@ -146,11 +91,6 @@ def _parse_trace(raw: Any, where: str) -> bool | Path:
         f"{where}={raw!r} is neither a boolean nor a file path; allowed: 1, 0, true, false, "
         "yes, no, or a path containing '/' (e.g. ./trace.log)"
     )
-
-
-def is_valid_name(name: str) -> bool:
-    """Whether ``name`` can be written in the plugin and vendor name lists."""
-    return _NAME.fullmatch(name) is not None
 
 
 def _expanded(text: str, where: str) -> Path:
@@ -456,70 +396,6 @@ class Settings:
         }
 
 
-def append_target_problem(path: Path) -> str | None:
-    """Why a file could not be appended to at ``path`` (missing directories are created).
-
-    Only a regular file is a target: a FIFO without a reader would block the opener forever,
-    one with a reader splits large records of several processes, a device is not a log.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):  # the walk below names the missing part
-        mode = None
-    except OSError as exc:
-        return f"cannot be examined ({exc.strerror or exc})"
-    if mode is not None and stat.S_ISDIR(mode):
-        return "is a directory"
-    if mode is not None and not stat.S_ISREG(mode):
-        return f"is not a regular file (a {file_kind(mode)}); expected a file"
-    if mode is not None:
-        try:  # opening an existing regular file for append changes nothing
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
-        except OSError as exc:
-            return f"cannot be opened for appending ({exc.strerror or exc})"
-        return None
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{str(parent)!r} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"directory {str(parent)!r} is not writable"
-    return None
-
-
-def file_kind(mode: int) -> str:
-    """``FIFO``, ``character device``, ... for a ``stat`` mode that is not a regular file."""
-    kinds = (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISDIR, "directory"),
-    )
-    return next((name for test, name in kinds if test(mode)), "special file")
-
-
-def open_regular_for_append(path: Path) -> int:
-    """A descriptor appending to the regular file ``path`` (created if missing), never blocking.
-
-    ``O_NONBLOCK``: a FIFO without a reader fails at once (``ENXIO``) instead of hanging; any
-    other file that is not regular is refused (``OSError``) once opened, before a write.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # what O_NONBLOCK gives for a FIFO nobody reads
-            raise OSError(errno.ENXIO, "not a regular file (a FIFO without a reader)") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"not a regular file (a {file_kind(mode)})")
-    return fd
-
-
-# The settings that name plugins (entry points) or vendors: each name should match one installed.
 _NAME_LIST_SETTINGS = ("plugins", "disable_plugins", "allow_vendors", "deny_vendors")
 
 

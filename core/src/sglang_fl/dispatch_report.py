@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
-from .config import open_regular_for_append
 from .errors import ConfigError
 from .schema import portable_json
 from .verify import VERIFY_EVENT
@@ -162,7 +162,7 @@ class DispatchReport:
     @staticmethod
     def _open(path: Path) -> int:
         """A regular file only, opened without blocking (see
-        :func:`~sglang_fl.config.open_regular_for_append`): each record is then one
+        :func:`~sglang_fl._files.open_regular_for_append`): each record is then one
         ``O_APPEND`` write that no other process's record can split."""
         path.parent.mkdir(parents=True, exist_ok=True)
         return open_regular_for_append(path)

@@ -6,8 +6,8 @@ loader's records for provenance and for plugins that never registered. What plug
 is listed first. For ``sglang_fl_platform`` each plugin's own answer is asked the way the
 runtime asks it (:meth:`~sglang_fl.runtime.Runtime.platform_answers`), with the one that wins.
 
-The ``--json`` shape is :class:`HooksReport` (the CLI adds ``schema_version``); the README's
-"Inspection" table documents it.
+The ``--json`` shape is :class:`HooksReport` (the CLI adds ``schema_version``);
+docs/reference/cli.md documents it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pluggy
 
-from .config import open_regular_for_append
+from ._files import open_regular_for_append
 from .errors import ConfigError
 
 __all__ = ["trace_hook_calls"]

@@ -22,9 +22,10 @@ from typing import Any
 
 import pluggy
 
-from . import __version__, hookspecs
+from . import hookspecs
 from . import reference as reference_backend
 from ._strenum import StrEnum
+from ._version import __version__
 from .config import NAME_HELP, Settings, is_valid_name
 from .dispatch.identity import CORE_DISTRIBUTION
 from .dispatch.registry import OpRegistry

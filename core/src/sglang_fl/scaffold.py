@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import __version__
+from ._version import __version__
 from .errors import SglangFlError
 from .loader import ENTRY_POINT_GROUP
 from .reference import PLUGIN_NAME as REFERENCE_PLUGIN

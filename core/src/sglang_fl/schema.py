@@ -1,6 +1,6 @@
 """The shapes of sglang-fl's JSON output, in one place: ``--json`` payloads and report fields.
 
-``sglang-fl COMMAND --json`` prints one of the ``*Payload`` types; the README ("Inspection")
+``sglang-fl COMMAND --json`` prints one of the ``*Payload`` types; docs/reference/cli.md
 documents the same shapes. They are versioned by :data:`SCHEMA_VERSION`: a key renamed or
 removed is a new version. State fields hold ``str`` enums (:class:`~sglang_fl.loader.PluginStatus`,
 :class:`~sglang_fl.dispatch.resolve.CandidateOutcome`, ...), which JSON writes as their values.

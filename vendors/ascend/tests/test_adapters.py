@@ -15,30 +15,26 @@ from typing import Any
 
 import pytest
 import torch
-from sglang_fl_ascend import plugin
+from sglang_fl_ascend import backend, plugin
+from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from sglang_fl_ascend.impl.moe import fused_moe, topk
-from sglang_fl_ascend.impl.normalization import gemma_rms_norm, rms_norm
+from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.doubles import install_double
+from sglang_fl.testing.vendor import VendorSuite
 
-REGISTRY = registered_by(plugin.sglang_fl_register_ops)
-IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op)}
-CASES = [
-    pytest.param(op, case, dtype, id=f"{op}/{case_id}")
-    for op in STANDARD_OPS
-    if op in IMPLS
-    for case, dtype, case_id in contract_grid(op)
-]
-# torch_npu has no operator of its own for these: SGLang's forward_npu runs forward_native
-# (LayerNorm) or has no NPU path (ClampPositionOp, Qwen2-MoE's gate function); the reference
-# runs on torch_npu's aten ops.
-WITHOUT_OPERATOR = {"layer_norm", "clamp_position", "fused_gate_sigmoid_mul"}
+SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
+REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
+# torch_npu has no operator of its own for these: SGLang's forward_npu has no NPU path
+# (ClampPositionOp, Qwen2-MoE's gate function); the reference runs on torch_npu's aten ops.
+WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).
@@ -48,7 +44,7 @@ CALLS = {"fused_moe": 5}
 def test_ops_without_an_operator_are_declared_with_a_reason() -> None:
     declared = {op for op in STANDARD_OPS if REGISTRY.no_kernel(op)}
     assert declared == WITHOUT_OPERATOR
-    assert "forward_native" in REGISTRY.no_kernel("layer_norm")[0].reason
+    assert all(REGISTRY.no_kernel(op)[0].reason for op in declared)
 
 
 def declined(op: str, params: Mapping[str, Any], dtype: torch.dtype) -> bool:
@@ -58,7 +54,9 @@ def declined(op: str, params: Mapping[str, Any], dtype: torch.dtype) -> bool:
     renormalises; the torch_npu MoE path fuses silu only."""
     if op == "topk":
         plain = not params["grouped"] and not params["bias"] and params["scoring_func"] == "softmax"
-        return not plain and not params["renormalize"]
+        # npu_moe_gating_top_k needs more than 2 experts per group (8 experts in 4 groups: 2).
+        narrow_groups = bool(params["grouped"]) and params["experts"] // params.get("groups", 4) < 3
+        return not plain and (not params["renormalize"] or narrow_groups)
     if op == "fused_moe":
         return bool(params["activation"] != "silu")
     if op not in ("rotary_embedding", "mrotary_embedding"):
@@ -82,6 +80,7 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "gelu_new": gelu_new,
         "gelu_quick": gelu_quick,
         "gemma_rms_norm": gemma_rms_norm,
+        "layer_norm": layer_norm,
         "mrotary_embedding": mrotary_embedding,
         "topk": topk,
         "fused_moe": fused_moe,
@@ -400,7 +399,7 @@ def test_topk_grouped_with_bias_is_deepseek_style_gating(torch_npu: TorchNpuDoub
         "renorm": 0,
         "norm_type": 1,
         "out_flag": False,
-        "routed_scaling_factor": 2.5,
+        "routed_scaling_factor": 1.0,  # the adapter divides and scales the weights itself
         "eps": 1e-20,
     }
 
@@ -465,3 +464,146 @@ def test_topk_and_fused_moe_pack_strided_inputs(torch_npu: TorchNpuDouble) -> No
     for call, given in ((gating_call, logits), (routing_call, x)):
         assert call.args[0].is_contiguous()
         assert torch.equal(call.args[0], given)
+
+
+# --- what the operators of a release or SoC take ------------------------------------------
+
+
+def grouped_router(experts_per_group: int, groups: int, **options: object) -> SimpleNamespace:
+    return router(
+        scoring_func="sigmoid",
+        use_grouped_topk=True,
+        num_expert_group=groups,
+        topk_group=2,
+        correction_bias=torch.randn(experts_per_group * groups),
+        **options,
+    )
+
+
+def test_topk_declines_groups_of_two_experts_before_calling(torch_npu: TorchNpuDouble) -> None:
+    """npu_moe_gating_top_k needs more than 2 experts per group: 8 in 4 groups is declined."""
+    with pytest.raises(Unsupported, match="groups of more than 2; got 8 experts in 4 groups"):
+        topk(grouped_router(2, 4, top_k=2), torch.randn(3, 8))
+    assert torch_npu.calls == []
+
+
+def test_topk_declines_groups_that_pad_past_2048_experts(torch_npu: TorchNpuDouble) -> None:
+    """62 groups of 33 experts pad to 62 * 64 = 3968 > 2048 (the operator aligns each to 32)."""
+    with pytest.raises(Unsupported, match=r"align32\(experts / groups\) \* groups <= 2048"):
+        topk(grouped_router(33, 62, top_k=2), torch.randn(3, 33 * 62))
+    assert torch_npu.calls == []
+
+
+def test_topk_renormalises_softmax_gating_itself(torch_npu: TorchNpuDouble) -> None:
+    """The double divides sigmoid weights only (the page's equivalent code): softmax weights
+    come back undivided, and the adapter divides (and scales) them itself."""
+    config = router(
+        use_grouped_topk=True,
+        num_expert_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.0,
+        apply_routed_scaling_factor_on_output=True,
+    )
+    weights, _ = topk(config, torch.randn(3, 16))
+    torch.testing.assert_close(weights.sum(dim=-1), torch.full((3,), 2.0))
+
+
+def test_topk_declines_k_over_1024_for_the_gating_softmax(torch_npu: TorchNpuDouble) -> None:
+    with pytest.raises(Unsupported, match="k <= 1024"):
+        topk(router(top_k=1025), torch.randn(2, 2048))
+    assert torch_npu.calls == []
+
+
+@pytest.fixture
+def older_torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
+    """torch_npu 2.6.0 (an Ascend Extension for PyTorch 7.1.0 build)."""
+    return install_double(monkeypatch, TorchNpuDouble(version="2.6.0"), TORCH_NPU)
+
+
+def test_older_torch_npu_gating_serves_deepseek_routing_only(
+    older_torch_npu: TorchNpuDouble,
+) -> None:
+    with pytest.raises(Unsupported, match=r"torch_npu 2\.6\.0 .*takes only 256 experts"):
+        topk(grouped_router(4, 4, top_k=4), torch.randn(3, 16))
+    with pytest.raises(Unsupported, match="takes only 256 experts"):
+        topk(router(scoring_func="sigmoid"), torch.randn(3, 16))  # ungrouped: 1 group
+    assert older_torch_npu.calls == []
+    deepseek = router(
+        top_k=8,
+        scoring_func="sigmoid",
+        use_grouped_topk=True,
+        num_expert_group=8,
+        topk_group=4,
+        correction_bias=torch.randn(256),
+    )
+    weights, ids = topk(deepseek, torch.randn(3, 256))
+    assert older_torch_npu.called == ["npu_moe_gating_top_k"]
+    assert (weights.shape, ids.shape) == ((3, 8), (3, 8))
+
+
+def test_the_platform_is_read_from_torch_npu(torch_npu: TorchNpuDouble) -> None:
+    found = backend.platform()
+    assert (found.torch_npu_version, found.soc_version, found.soc) == (
+        torch_npu.__version__,
+        220,
+        backend.AscendSoc.A2,
+    )
+    assert found.general_gating
+    assert found.bf16_gelu
+
+
+@pytest.fixture
+def inference_soc(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
+    """An Atlas 300I (310P, SoC 200): no bfloat16 GELUs."""
+    return install_double(monkeypatch, TorchNpuDouble(soc_version=200), TORCH_NPU)
+
+
+def test_bf16_gelus_are_declined_off_a2_and_a3(inference_soc: TorchNpuDouble) -> None:
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    for call, operator in (
+        (lambda: gelu_and_mul(SimpleNamespace(approximate="tanh"), x), "npu_geglu"),
+        (lambda: gelu_new(None, x), "npu_gelu"),
+        (lambda: gelu_quick(None, x), "npu_fast_gelu"),
+    ):
+        with pytest.raises(Unsupported, match=f"{operator} takes bfloat16 on Atlas A2/A3 only"):
+            call()
+    assert inference_soc.calls == []
+    gelu_new(None, x.half())  # float16 is served on every SoC
+    assert inference_soc.called == ["npu_gelu"]
+
+
+def test_fused_moe_with_one_expert_uses_the_cumulative_group_list(
+    torch_npu: TorchNpuDouble,
+) -> None:
+    """A count-form group list of length 1 is refused by npu_grouped_matmul: cumsum is not."""
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    w13 = torch.randn(1, 8, 16, dtype=torch.bfloat16)
+    w2 = torch.randn(1, 16, 4, dtype=torch.bfloat16)
+    out = fused_moe(None, x, w13, w2, torch.ones(3, 1), torch.zeros(3, 1, dtype=torch.int32))
+    assert out.shape == (3, 16)
+    routing, gate_up = torch_npu.calls[0], torch_npu.calls[1]
+    assert routing.kwargs["expert_tokens_num_type"] == 0
+    assert gate_up.kwargs["group_list_type"] == 0
+    assert gate_up.kwargs["group_list"].tolist() == [3]
+
+
+def test_layer_norm_is_npu_layer_norm_eval_in_the_compute_dtype(torch_npu: TorchNpuDouble) -> None:
+    weight, bias = torch.rand(16), torch.rand(16)
+    obj = SimpleNamespace(
+        hidden_size=16,
+        variance_epsilon=1e-6,
+        elementwise_affine=True,
+        use_bias=False,
+        dtype=torch.float32,
+        weight=weight,
+        bias=bias,
+    )
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    out = layer_norm(obj, x)
+    ((name, (kernel_x, shape), kwargs),) = torch_npu.calls
+    assert name == "npu_layer_norm_eval"
+    assert (kernel_x.dtype, shape) == (torch.float32, [16])
+    assert kwargs["weight"] is weight
+    assert kwargs["bias"] is None  # use_bias=False
+    assert kwargs["eps"] == 1e-6
+    assert (out.shape, out.dtype) == ((3, 16), torch.bfloat16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from sglang_fl_ascend.backend import TORCH_NPU
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.dispatch.types import Availability
-from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.ops import STANDARD_OPS, OpCase, OpContract
+from sglang_fl.testing import checks, hardware
 from sglang_fl.testing.hardware import load_script, run_cases
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "conformance.py"
@@ -120,3 +122,26 @@ def test_unavailable_backend_exits_2_with_the_reason(
     assert (
         "sglang-fl-ascend is unavailable here: torch_npu import failed" in capsys.readouterr().err
     )
+
+
+def test_the_reference_is_computed_on_the_host(
+    script: ModuleType, torch_npu: TorchNpuDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NPU's own aten ops may not compute the reference's math (torch_npu documents F.gelu
+    ignoring ``approximate``): the script draws the reference's inputs for the host and
+    computes it there, the adapter's on the device (here "cpu:0", a device the host is not)."""
+    contract = STANDARD_OPS["gelu_new"]
+    made_for: list[str] = []
+    original = checks._make_inputs
+
+    def make_inputs(contract: OpContract, case: OpCase, dtype: torch.dtype, device: str) -> Any:
+        made_for.append(device)
+        return original(contract, case, dtype, device)
+
+    monkeypatch.setattr(checks, "_make_inputs", make_inputs)
+    monkeypatch.setattr(hardware, "_make_inputs", make_inputs)
+    found = run_cases(script.TARGET, ["gelu_new"], [torch.float16], device="cpu:0", repeat=0)
+    assert {r.status for r in found} == {"passed"}
+    # Per case: the adapter's inputs and the reference's, for the check and for the error figures.
+    assert sorted(set(made_for)) == ["cpu", "cpu:0"]
+    assert made_for.count("cpu") == made_for.count("cpu:0") == 2 * len(contract.cases)

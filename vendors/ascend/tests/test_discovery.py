@@ -6,52 +6,21 @@ torch-npu is never installed here: an Ascend machine is simulated with the test 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import sglang_fl_ascend
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
-from sglang_fl.testing.checks import registered_by
+from sglang_fl.testing.vendor import VendorSuite
 
-TESTS = Path(__file__).parent
+# The torch_npu double lies beside this file, for the scripts that ask for it.
+SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops, doubles=Path(__file__).parent)
 # The ops this wheel implements (the MoE gate kernel function, fused_gate_sigmoid_mul, has
 # no kernel here: the reference serves it).
-VENDOR_OPS = {
-    op for op in STANDARD_OPS if registered_by(plugin.sglang_fl_register_ops).implementations(op)
-}
-
-
-def run(command: list[str], *paths: Path) -> Any:
-    """Run ``command`` (``paths`` and the double first on its path); it prints one JSON document."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (*paths, TESTS))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def cli(*args: str) -> Any:
-    script = Path(sys.executable).with_name("sglang-fl")
-    return run(
-        [*([str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl"]), *args]
-    )
-
-
-def python(code: str, *paths: Path) -> Any:
-    return run([sys.executable, "-c", textwrap.dedent(code)], *paths)
-
-
-def ascend_candidate(decision: dict[str, Any]) -> dict[str, Any]:
-    (mine,) = [c for c in decision["candidates"] if c["plugin"] == "ascend"]
-    return mine
+VENDOR_OPS = SUITE.ops
+cli, python, ascend_candidate = SUITE.cli, SUITE.python, SUITE.candidate
 
 
 def test_listed_from_its_distribution_and_loaded() -> None:
@@ -79,26 +48,16 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
         "gelu_new",
         "gelu_quick",
         "gemma_rms_norm",
+        "layer_norm",
         "mrotary_embedding",
         "topk",
         "fused_moe",
     } == VENDOR_OPS
-    for op, decision in decisions.items():
-        assert decision["chosen"] == f"reference.{op}"
-        if op not in VENDOR_OPS:  # no candidate; for a NO_KERNEL op `ops` says why
-            assert not [c for c in decision["candidates"] if c["plugin"] == "ascend"], op
-            if op in NO_KERNEL:
-                (gap,) = [g for g in decision["no_kernel"] if g["plugin"] == "ascend"]
-                assert gap["reason"] == NO_KERNEL[op]
-            continue
-        mine = ascend_candidate(decision)
-        assert mine["impl_id"] == "vendor.ascend"
-        assert mine["distribution"] == "sglang-fl-ascend"
-        assert mine["outcome"] == "rejected"
-        assert mine["available"] is False
-        assert mine["availability_reason"] == (
-            "torch_npu import failed: ModuleNotFoundError: No module named 'torch_npu'"
-        )
+    SUITE.assert_unused(
+        decisions,
+        NO_KERNEL,
+        because="torch_npu import failed: ModuleNotFoundError: No module named 'torch_npu'",
+    )
 
 
 def test_explain_names_the_reason() -> None:
@@ -176,14 +135,6 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
                           "shape": list(out.shape)}))
         """
     )
-    assert set(found["decisions"]) >= VENDOR_OPS
-    for op, decision in found["decisions"].items():
-        if op not in VENDOR_OPS:
-            assert decision["chosen"] == f"reference.{op}", op
-            continue
-        assert decision["chosen"] == "vendor.ascend", op
-        assert ascend_candidate(decision)["availability_reason"] == (
-            "torch_npu 0.0.0+double imported; 2 NPUs"
-        )
+    SUITE.assert_routed(found["decisions"], "torch_npu 2.7.1.post2+double imported; 2 NPUs")
     assert found["calls"] == ["npu_swiglu"]
     assert found["shape"] == [2, 4]

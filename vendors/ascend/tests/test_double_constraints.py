@@ -14,7 +14,12 @@ import pytest
 import torch
 from torch_npu_double import TorchNpuDouble
 
-from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
+from sglang_fl.testing.doubles import (
+    Constraint,
+    ConstraintViolation,
+    assert_rejects,
+    constraint_tests,
+)
 
 D = TorchNpuDouble
 Call = Callable[[TorchNpuDouble], object]
@@ -118,6 +123,7 @@ def grouped_matmul(
     x: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
     group_list: torch.Tensor | None = None,
+    group_list_type: int = 1,
 ) -> Call:
     """A valid call: 6 rows in groups of (1, 2, 3, 0) through 4 weights [16, 8]."""
     x = t(6, 16) if x is None else x
@@ -127,7 +133,7 @@ def grouped_matmul(
         [x],
         [weight],
         split_item=2,
-        group_list_type=1,
+        group_list_type=group_list_type,
         group_type=0,
         group_list=counts,
         output_dtype=x.dtype,
@@ -148,8 +154,41 @@ def finalize(
     )
 
 
+def layer_norm_eval(
+    x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> Call:
+    return lambda sdk: sdk.npu_layer_norm_eval(x, [x.shape[-1]], weight=weight, bias=bias, eps=1e-5)
+
+
+def on(double: TorchNpuDouble, call: Call) -> Call:
+    """``call`` against ``double`` (another release or SoC) instead of the default one."""
+    return lambda _sdk: call(double)
+
+
+def deepseek_gating(x: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> Call:
+    """The layout every release takes: 256 experts in 8 groups, best 4, top 8, sigmoid, bias."""
+    x = t(3, 256, dtype=torch.float32) if x is None else x
+    bias = t(256, dtype=torch.float32) if bias is None else bias
+    return lambda sdk: sdk.npu_moe_gating_top_k(
+        x, k=8, bias=bias, k_group=4, group_count=8, group_select_mode=1, norm_type=1
+    )
+
+
+OLDER = "2.6.0"  # an Ascend Extension for PyTorch 7.1.0 build
+
 VALID: list[Call] = [
     gating_softmax(t(3, 8)),
+    gating_softmax(t(2, 2048), k=1024),
+    deepseek_gating(),
+    on(TorchNpuDouble(version=OLDER), deepseek_gating()),
+    on(TorchNpuDouble(soc_version=200), gelu(t(3, 16))),  # float16 on an Atlas 300I
+    on(TorchNpuDouble(soc_version=252), fast_gelu(t(3, 16, dtype=torch.bfloat16))),  # A3
+    layer_norm_eval(t(3, 16)),
+    layer_norm_eval(t(3, 16, dtype=torch.bfloat16), t(16).bfloat16(), t(16).bfloat16()),
+    layer_norm_eval(t(3, 32)[:, ::2], t(16)),  # strided input: documented as supported
+    grouped_matmul(group_list=torch.tensor([1, 3, 6, 6]), group_list_type=0),
+    grouped_matmul(x=t(6, 16), weight=t(1, 16, 8), group_list=torch.tensor([6]), group_list_type=0),
+    init_routing(expert_tokens_num_type=0),
     gating_softmax(t(2, 3, 8, dtype=torch.bfloat16)),
     gating(),
     gating(x=t(3, 16, dtype=torch.float32), bias=t(16, dtype=torch.float32), norm_type=0),
@@ -190,6 +229,9 @@ REJECTED: dict[Constraint, Call] = {
     D.GATING_SOFTMAX_OPERANDS: gating_softmax(t(3, 8), k=9),
     D.GATING_X: gating(x=t(3, 4096, dtype=torch.float32), group_count=1, k_group=1),
     D.GATING_GROUPS: gating(group_count=3),  # 16 experts do not split into 3 groups
+    D.GATING_RESTRICTED: on(TorchNpuDouble(version=OLDER), gating()),  # 16 experts in 4 groups
+    D.GELU_BF16_SOC: on(TorchNpuDouble(soc_version=200), gelu(t(3, 16, dtype=torch.bfloat16))),
+    D.LAYER_NORM_OPERANDS: layer_norm_eval(t(3, 16), t(16, dtype=torch.float32)),
     D.GATING_BIAS: gating(bias=t(16)),  # float16 bias, float32 x
     D.GATING_MODES: gating(norm_type=2),
     D.INIT_ROUTING_QUANT_MODE: init_routing(quant_mode=None),
@@ -249,7 +291,9 @@ def test_moe_return_conventions() -> None:
         torch.int32,
         (3, 2),
     )
-    assert gating()(sdk)[2] is None  # type: ignore[index]
+    norm_out = gating()(sdk)[2]  # type: ignore[index]
+    # normOut is allocated float32 [tokens, experts] whatever out_flag says, unwritten here
+    assert (norm_out.dtype, norm_out.shape) == (torch.float32, (3, 16))
     x = t(3, 16)
     sorted_x, positions, counts, scale = init_routing(x=x)(sdk)  # type: ignore[misc]
     assert scale is None
@@ -297,9 +341,55 @@ def test_return_conventions() -> None:
 )
 def test_mrope_sections_must_match_the_positions(call: Call) -> None:
     """[3, tokens] positions need sections covering rotary_dim // 2 lanes; [tokens] none."""
+    assert_rejects(TorchNpuDouble(), D.MROPE_POSITIONS, call)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        grouped_matmul(x=t(6, 16), weight=t(1, 16, 8), group_list=torch.tensor([6])),  # counts
+        grouped_matmul(group_list=torch.tensor([1, 3, 2, 6]), group_list_type=0),  # decreasing
+        grouped_matmul(group_list=torch.tensor([1, 3, 6, 5]), group_list_type=0),  # ends at 5
+    ],
+)
+def test_grouped_matmul_group_lists_of_each_form(call: Call) -> None:
+    """A count-form list of length 1 is refused; a cumulative one must rise to M."""
     with pytest.raises(ConstraintViolation) as info:
         call(TorchNpuDouble())
-    assert info.value.constraint is D.MROPE_POSITIONS
+    assert info.value.constraint is D.GROUPED_MATMUL_GROUP_LIST
+
+
+def test_gating_groups_need_more_than_two_experts_and_fit_2048_when_padded() -> None:
+    for call in (
+        gating(x=t(3, 8, dtype=torch.float32)),  # 8 experts in 4 groups of 2
+        gating(x=t(3, 33 * 62, dtype=torch.float32), group_count=62),  # 62 * 64 > 2048
+    ):
+        with pytest.raises(ConstraintViolation) as info:
+            call(TorchNpuDouble())
+        assert info.value.constraint is D.GATING_GROUPS
+    with pytest.raises(ConstraintViolation) as info:
+        gating_softmax(t(2, 2048), k=1025)(TorchNpuDouble())
+    assert info.value.constraint is D.GATING_SOFTMAX_OPERANDS
+
+
+def test_gating_divides_sigmoid_weights_only() -> None:
+    """As the page's equivalent code: norm_type 1 divides by the sum, norm_type 0 does not."""
+    x = t(3, 16, dtype=torch.float32)
+    sigmoid, _, _ = gating(x=x)(TorchNpuDouble())  # type: ignore[misc]
+    softmax, _, _ = gating(x=x, norm_type=0)(TorchNpuDouble())  # type: ignore[misc]
+    torch.testing.assert_close(sigmoid.sum(dim=-1), torch.ones(3))
+    assert bool((softmax.sum(dim=-1) < 0.999).all())
+
+
+def test_mrope_takes_the_default_cache_mode() -> None:
+    """npu_mrope's 26.0.0+ schema has cache_mode='default'; only that layout is modelled."""
+    call = mrope()
+    sdk = TorchNpuDouble()
+    call(sdk)
+    positions, query, key, cache, head_size = sdk.calls[0].args
+    sdk.npu_mrope(positions, query, key, cache, head_size, cache_mode="default")
+    with pytest.raises(NotImplementedError, match="cache_mode"):
+        sdk.npu_mrope(positions, query, key, cache, head_size, cache_mode="deepseek_nope")
 
 
 def test_geglu_returns_the_product_and_the_gelu() -> None:

@@ -5,12 +5,16 @@ It stands in for ``torch_npu`` in ``sys.modules`` with the operators SGLang's ``
 methods call, their argument order and return tuples: ``npu_swiglu`` -> ``y``,
 ``npu_geglu`` -> ``(y, gelu)``, ``npu_gelu`` -> ``y``, ``npu_fast_gelu`` -> ``y``,
 ``npu_rms_norm`` -> ``(y, rstd)``, ``npu_add_rms_norm`` -> ``(y, rstd, x1 + x2)``,
+``npu_layer_norm_eval`` -> ``y``,
 ``npu_mrope`` -> ``(query, key)`` (plain rope with ``[tokens]`` positions, mrope sections with
 ``[3, tokens]``), the MoE operators SGLang's NPU MoE path calls
 (``npu_moe_gating_top_k_softmax`` -> ``(y, expert_idx, row_idx)``, ``npu_moe_gating_top_k`` ->
-``(y, expert_idx, out)``, ``npu_moe_init_routing_v2`` -> ``(expanded_x, expanded_row_idx,
+``(y, expert_idx, norm_out)``, ``npu_moe_init_routing_v2`` -> ``(expanded_x, expanded_row_idx,
 expert_tokens_count, expanded_scale)``, ``npu_grouped_matmul`` -> ``[y]``,
-``npu_moe_finalize_routing`` -> ``out``), and ``npu.device_count()``. Every operator returns new
+``npu_moe_finalize_routing`` -> ``out``), ``npu.device_count()`` and ``npu.get_soc_version()``.
+It emulates one torch_npu release on one SoC (``TorchNpuDouble(version=, soc_version=)``):
+the constraints that differ by release (the MoE gating operator) or SoC (bfloat16 GELUs)
+check those of the emulated ones. Every operator returns new
 tensors and never writes its inputs. Every precondition the torch_npu API reference documents
 for them is a :class:`~sglang_fl.testing.doubles.Constraint` naming that page; a call the real
 operator would reject raises :class:`~sglang_fl.testing.doubles.ConstraintViolation`. Each call
@@ -20,6 +24,7 @@ routing, drop/pad, skips and biases) raise ``NotImplementedError`` rather than a
 
 from __future__ import annotations
 
+import re
 import types
 
 import torch
@@ -35,10 +40,37 @@ API_DOC = "torch_npu API reference (hiascend.com, PyTorch apiref), {}: {}"
 # An input the API reference does not cover (an empty batch): the double refuses it, being
 # at least as strict as the real operator, whose behaviour there is not promised.
 UNDOCUMENTED = "not covered by the torch_npu API reference of the MoE operators"
+# The op-plugin repository's copies of those pages, per branch (github.com/Ascend/op-plugin).
+OP_PLUGIN_DOC = "op-plugin {} docs, {}: {}"
+# The release the double emulates by default: torch_npu 2.7.1.post2 is an Ascend Extension for
+# PyTorch 7.3.0 build (Ascend/pytorch README, version matching table); "+double" marks it.
+DOUBLE_RELEASE = "2.7.1.post2+double"
+A2_SOC = 220  # torch_npu.npu.get_soc_version() of an Atlas A2 (Ascend910B1)
+# SoC versions of Atlas A2 and A3 (vllm-ascend vllm_ascend/utils.py: 220-225, 250-255).
+BF16_GELU_SOCS = (*range(220, 226), *range(250, 256))
 
 
 class TorchNpuDouble(SdkDouble):
-    """``torch_npu`` stand-in with ``devices`` visible NPUs."""
+    """``torch_npu`` stand-in with ``devices`` visible NPUs, emulating torch_npu ``version``
+    on the SoC ``torch_npu.npu.get_soc_version()`` returns (``soc_version``): the operators
+    whose constraints differ by release or SoC check those of the emulated ones."""
+
+    # -- bfloat16 GELUs: npu_geglu / npu_gelu / npu_fast_gelu --------------------------------
+    GELU_BF16_SOC = Constraint(
+        "npu_geglu/npu_gelu/npu_fast_gelu",
+        "bfloat16 input only on Atlas A2/A3 (SoC versions 220-225, 250-255)",
+        API_DOC.format(
+            "torch_npu.npu_gelu, torch_npu.npu_fast_gelu, torch_npu.npu_geglu",
+            "参数说明: Atlas 训练系列产品/Atlas 推理系列产品 数据类型支持float16、float32; "
+            "Atlas A2/A3: float16、float32、bfloat16",
+        )
+        + "; "
+        + OP_PLUGIN_DOC.format(
+            "master",
+            "docs/zh/custom_APIs/torch_npu/torch_npu-npu_gelu.md, -npu_fast_gelu.md",
+            "the same per-product dtype lists",
+        ),
+    )
 
     # -- npu_swiglu(input, dim=-1) -> Tensor --------------------------------------------------
     SWIGLU_CONTIGUOUS = Constraint(
@@ -146,9 +178,11 @@ class TorchNpuDouble(SdkDouble):
     # npu_moe_gating_top_k_softmax(x, finished=None, k=1) -> (y, expert_idx, row_idx)
     GATING_SOFTMAX_OPERANDS = Constraint(
         "npu_moe_gating_top_k_softmax",
-        "2-D or 3-D float16/bfloat16/float32 x, 0 < k <= experts, a bool finished when given",
+        "2-D or 3-D float16/bfloat16/float32 x, 0 < k <= experts and k <= 1024, a bool "
+        "finished when given",
         API_DOC.format(
-            "torch_npu.npu_moe_gating_top_k_softmax", "parameter description of x, finished, k"
+            "torch_npu.npu_moe_gating_top_k_softmax",
+            "k: 大小为0<k<=x的-1轴大小, k<=1024; x, finished parameter description",
         ),
     )
     # npu_moe_gating_top_k(x, k, *, bias, k_group, group_count, group_select_mode, renorm,
@@ -160,9 +194,32 @@ class TorchNpuDouble(SdkDouble):
     )
     GATING_GROUPS = Constraint(
         "npu_moe_gating_top_k",
-        "group_count dividing the experts, 1 <= k_group <= group_count and "
+        "group_count dividing the experts into groups of more than 2, align32(experts / "
+        "group_count) * group_count <= 2048, 1 <= k_group <= group_count and "
         "1 <= k <= experts / group_count * k_group",
-        API_DOC.format("torch_npu.npu_moe_gating_top_k", "parameter description of k, k_group"),
+        OP_PLUGIN_DOC.format(
+            "7.2.0 (and 7.3.0, 26.0.0, master)",
+            "docs/context/torch_npu-npu_moe_gating_top_k.md",
+            "group_count: x_shape[-1]能够被group_count整除且整除后的结果大于2, 并且整除的结果按照"
+            "32个数对齐后乘group_count的结果不大于2048; k_group, k parameter description",
+        ),
+    )
+    GATING_RESTRICTED = Constraint(
+        "npu_moe_gating_top_k",
+        "on torch_npu before 2.7.1 (Ascend Extension for PyTorch 7.0.0/7.1.0 builds): exactly "
+        "256 experts, 1 <= k <= 32, a bias, k_group 4, group_count 8, norm_type 1 (sigmoid) "
+        "and group_select_mode 1",
+        OP_PLUGIN_DOC.format(
+            "7.1.0",
+            "docs/context/torch_npu-npu_moe_gating_top_k.md",
+            "x最后一维的大小(即专家数)当前只支持取256; k取值范围为[1, 32]; bias 必须不为None; "
+            "k_group当前只支持取4; group_count当前只支持取8",
+        )
+        + "; "
+        + API_DOC.format(
+            "PyTorch 7.0.0 torch_npu.npu_moe_gating_top_k (ptaoplist_002365)",
+            "the same limits, and a sigmoid, top-2-sum grouping operator",
+        ),
     )
     GATING_BIAS = Constraint(
         "npu_moe_gating_top_k",
@@ -219,9 +276,14 @@ class TorchNpuDouble(SdkDouble):
     )
     GROUPED_MATMUL_GROUP_LIST = Constraint(
         "npu_grouped_matmul",
-        "a 1-D int64 group_list of g per-group row counts (group_list_type 1) summing to M",
-        API_DOC.format(
-            "torch_npu.npu_grouped_matmul", "parameter description of group_list, group_list_type"
+        "a 1-D int64 group_list of g entries covering the M rows: cumulative row counts "
+        "(group_list_type 0, non-decreasing, ending at M) or per-group counts (group_list_type "
+        "1, summing to M, not of length 1)",
+        OP_PLUGIN_DOC.format(
+            "master",
+            "docs/zh/custom_APIs/torch_npu/torch_npu-npu_grouped_matmul.md",
+            "group_list: 当group_list_type为0时, group_list必须为非负、单调非递减数列; 当"
+            "group_list_type为1时, group_list必须为非负数列, 且长度不能为1",
         ),
     )
     # npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
@@ -236,9 +298,73 @@ class TorchNpuDouble(SdkDouble):
         ),
     )
 
-    def __init__(self, devices: int = 1) -> None:
+    # -- npu_layer_norm_eval(input, normalized_shape, weight=None, bias=None, eps=1e-5) ------
+    LAYER_NORM_OPERANDS = Constraint(
+        "npu_layer_norm_eval",
+        "float32/float16/bfloat16 input whose last dims are normalized_shape, and weight/bias "
+        "(when given) of that shape in the input's dtype",
+        API_DOC.format(
+            "(beta)torch_npu.npu_layer_norm_eval",
+            "normalized_shape 须与input最后若干维逐维一致; "
+            "weight/bias shape须与normalized_shape一致",
+        )
+        + "; op-plugin op_plugin/ops/aclops/LayerNormEvalKernelNpu.cpp: default weight and bias "
+        "made with input.options(), mean/rstd in the weight's dtype",
+    )
+
+    def __init__(
+        self, devices: int = 1, *, version: str = DOUBLE_RELEASE, soc_version: int = A2_SOC
+    ) -> None:
         super().__init__("torch_npu")
-        self.npu = types.SimpleNamespace(device_count=lambda: devices)
+        self.__version__ = version
+        match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+        self.release = tuple(int(n) for n in match.groups()) if match else (0, 0, 0)
+        self.soc_version = soc_version
+        self.npu = types.SimpleNamespace(
+            device_count=lambda: devices, get_soc_version=lambda: self.soc_version
+        )
+
+    def _check_bf16_gelu(self, input: torch.Tensor) -> None:
+        self.GELU_BF16_SOC.check(
+            input.dtype != torch.bfloat16 or self.soc_version in BF16_GELU_SOCS,
+            f"bfloat16 on SoC {self.soc_version}",
+        )
+
+    def npu_layer_norm_eval(
+        self,
+        input: torch.Tensor,
+        normalized_shape: list[int],
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        eps: float = 1e-5,
+    ) -> torch.Tensor:
+        """``F.layer_norm`` semantics (the page's formula), computed in float32 and rounded."""
+        self.record(
+            "npu_layer_norm_eval", input, normalized_shape, weight=weight, bias=bias, eps=eps
+        )
+        shape = tuple(normalized_shape)
+        self.LAYER_NORM_OPERANDS.check(
+            input.dtype in FLOATS
+            and tuple(input.shape[len(input.shape) - len(shape) :]) == shape
+            and all(
+                t is None or (tuple(t.shape) == shape and t.dtype == input.dtype)
+                for t in (weight, bias)
+            ),
+            f"input {tuple(input.shape)} {input.dtype}, normalized_shape {list(shape)}, "
+            + ", ".join(
+                f"{n} {tuple(t.shape)} {t.dtype}"
+                for n, t in (("weight", weight), ("bias", bias))
+                if t is not None
+            ),
+        )
+        out = F.layer_norm(
+            input.float(),
+            shape,
+            None if weight is None else weight.float(),
+            None if bias is None else bias.float(),
+            eps,
+        )
+        return out.to(input.dtype)
 
     def npu_swiglu(self, input: torch.Tensor, dim: int = -1) -> torch.Tensor:
         self.record("npu_swiglu", input, dim=dim)
@@ -268,6 +394,7 @@ class TorchNpuDouble(SdkDouble):
             and input.shape[dim] % 2 == 0,
             f"{tuple(input.shape)} {input.dtype}, dim {dim}, approximate {approximate!r}",
         )
+        self._check_bf16_gelu(input)
         left, right = input.chunk(2, dim=dim)
         gate, value = (left, right) if activate_left else (right, left)
         gelu = F.gelu(gate.float(), approximate="tanh" if approximate else "none")
@@ -279,12 +406,14 @@ class TorchNpuDouble(SdkDouble):
             input.dtype in FLOATS and input.dim() <= 8 and approximate in ("none", "tanh"),
             f"{tuple(input.shape)} {input.dtype}, approximate {approximate!r}",
         )
+        self._check_bf16_gelu(input)
         return F.gelu(input.float(), approximate=approximate).to(input.dtype)
 
     def npu_fast_gelu(self, input: torch.Tensor) -> torch.Tensor:
         """``x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|))``, its documented formula."""
         self.record("npu_fast_gelu", input)
         self.FAST_GELU_OPERANDS.check(input.dtype in FLOATS, f"{input.dtype}")
+        self._check_bf16_gelu(input)
         x = input.float()
         return (x / (1 + torch.exp(-1.702 * x.abs())) * torch.exp(0.851 * (x - x.abs()))).to(
             input.dtype
@@ -321,6 +450,7 @@ class TorchNpuDouble(SdkDouble):
         *,
         mrope_section: list[int] | None = None,
         rotary_mode: str = "half",
+        cache_mode: str | None = None,  # None: not passed (the 26.0.0+ default is 'default')
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.record(
             "npu_mrope",
@@ -331,7 +461,11 @@ class TorchNpuDouble(SdkDouble):
             head_size,
             mrope_section=mrope_section,
             rotary_mode=rotary_mode,
+            **({} if cache_mode is None else {"cache_mode": cache_mode}),
         )
+        # cache_mode (26.0.0+ schema: str? cache_mode='default'): only the default cache layout
+        # is modelled; older releases have no such argument, so adapters do not pass it.
+        _unmodeled(cache_mode in (None, "default"), f"npu_mrope cache_mode {cache_mode!r}")
         rotary_dim = cos_sin_cache.shape[-1]
         plain = positions.dim() == 1 and mrope_section in (None, [0, 0, 0])
         sectioned = (
@@ -388,7 +522,7 @@ class TorchNpuDouble(SdkDouble):
         self.GATING_SOFTMAX_OPERANDS.check(
             x.dim() in (2, 3)
             and x.dtype in FLOATS
-            and 0 < k <= x.shape[-1]
+            and 0 < k <= min(x.shape[-1], 1024)
             and (finished is None or finished.dtype == torch.bool),
             f"x {x.dtype} {tuple(x.shape)}, k {k}",
         )
@@ -412,8 +546,9 @@ class TorchNpuDouble(SdkDouble):
         out_flag: bool = False,
         routed_scaling_factor: float = 1.0,
         eps: float = 1e-20,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """aclnnMoeGatingTopK: norm, + bias for the choice, groups, top-k, y / (sum + eps) * f."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """aclnnMoeGatingTopK: norm, + bias for the choice, groups, top-k, (sigmoid: divided by
+        sum + eps), times routed_scaling_factor; and normOut."""
         self.record(
             "npu_moe_gating_top_k",
             x,
@@ -433,12 +568,27 @@ class TorchNpuDouble(SdkDouble):
             f"x {x.dtype} {tuple(x.shape)}",
         )
         tokens, experts = x.shape
+        per_group = experts // group_count if group_count >= 1 else 0
         self.GATING_GROUPS.check(
             group_count >= 1
             and experts % group_count == 0
+            and per_group > 2
+            and -(-per_group // 32) * 32 * group_count <= 2048
             and 1 <= k_group <= group_count
-            and 1 <= k <= experts // group_count * k_group,
+            and 1 <= k <= per_group * k_group,
             f"{experts} experts, group_count {group_count}, k_group {k_group}, k {k}",
+        )
+        self.GATING_RESTRICTED.check(
+            self.release >= (2, 7, 1)
+            or (
+                experts == 256
+                and 1 <= k <= 32
+                and bias is not None
+                and (k_group, group_count, norm_type, group_select_mode) == (4, 8, 1, 1)
+            ),
+            f"torch_npu {self.__version__}: {experts} experts, k {k}, k_group {k_group}, "
+            f"group_count {group_count}, norm_type {norm_type}, group_select_mode "
+            f"{group_select_mode}, {'a' if bias is not None else 'no'} bias",
         )
         self.GATING_BIAS.check(
             bias is None or (tuple(bias.shape) == (experts,) and bias.dtype == x.dtype),
@@ -464,8 +614,16 @@ class TorchNpuDouble(SdkDouble):
             choice = choice.masked_fill(~keep.repeat_interleave(experts // group_count, 1), -1e30)
         ids = torch.topk(choice, k, dim=-1).indices
         y = scores.gather(1, ids)
-        y = y / (y.sum(dim=-1, keepdim=True) + eps) * routed_scaling_factor
-        return y.to(x.dtype), ids.to(torch.int32), None
+        # The page's equivalent code (op-plugin master torch_npu-npu_moe_gating_top_k.md,
+        # 等价计算逻辑) divides by the sum for sigmoid (norm_type 1) only; its formula says always.
+        # The double takes the reading that asks more of a caller: softmax weights undivided.
+        if norm_type == 1:
+            y = y / (y.sum(dim=-1, keepdim=True) + eps)
+        y = y * routed_scaling_factor
+        # normOut is always allocated (op-plugin MoeGatingTopKKernelNpuOpApi.cpp: float32
+        # [rows, experts]); with out_flag=False it is never written: NaN here, not a value.
+        norm_out = torch.full((tokens, experts), float("nan"), dtype=torch.float32)
+        return y.to(x.dtype), ids.to(torch.int32), norm_out
 
     def npu_moe_init_routing_v2(
         self,
@@ -521,15 +679,17 @@ class TorchNpuDouble(SdkDouble):
             and expert_capacity == -1
             and row_idx_type == 0
             and active_expert_range == [0, expert_num]
-            and expert_tokens_num_type == 1
+            and expert_tokens_num_type in (0, 1)
             and expert_tokens_num_flag,
-            "drop/pad, scatter indices, expert ranges or cumsum counts",
+            "drop/pad, scatter indices, expert ranges or [E, 2] key-value counts",
         )
         order = torch.sort(flat, stable=True).indices
         destination = torch.empty_like(order)
         destination[order] = torch.arange(order.numel())
         sorted_x = x[order // expert_idx.shape[1]]
         counts = torch.bincount(flat, minlength=expert_num).to(torch.int64)
+        if expert_tokens_num_type == 0:  # cumsum: the end row of each expert
+            counts = counts.cumsum(0)
         return sorted_x, destination.to(torch.int32), counts, None
 
     def npu_grouped_matmul(
@@ -561,8 +721,8 @@ class TorchNpuDouble(SdkDouble):
             and bias is None
             and split_item in (2, 3)
             and group_type == 0
-            and group_list_type == 1,
-            "several x/weight tensors, biases, or groups other than row counts",
+            and group_list_type in (0, 1),
+            "several x/weight tensors, biases, or [E, 2] group lists",
         )
         rows, weights = x[0], weight[0]
         self.GROUPED_MATMUL_OPERANDS.check(
@@ -575,13 +735,22 @@ class TorchNpuDouble(SdkDouble):
             f"x {rows.dtype} {tuple(rows.shape)}, weight {weights.dtype} "
             f"{tuple(weights.shape)}, output_dtype {output_dtype}",
         )
-        counts = torch.empty(0, dtype=torch.int64) if group_list is None else group_list
+        given = torch.empty(0, dtype=torch.int64) if group_list is None else group_list
+        if group_list_type == 0:  # cumulative: back to per-group counts
+            counts = torch.diff(given, prepend=given.new_zeros(1)) if given.numel() else given
+            covers = given.numel() > 0 and int(given[-1]) == rows.shape[0]
+            form_ok = bool((counts >= 0).all())
+        else:
+            counts = given
+            covers = int(given.sum()) == rows.shape[0]
+            form_ok = given.numel() != 1 and bool((given >= 0).all())
         self.GROUPED_MATMUL_GROUP_LIST.check(
-            counts.dtype == torch.int64
-            and tuple(counts.shape) == (weights.shape[0],)
-            and int(counts.sum()) == rows.shape[0],
-            f"group_list {group_list if group_list is None else tuple(counts.shape)} "
-            f"{counts.dtype}, {rows.shape[0]} rows",
+            given.dtype == torch.int64
+            and tuple(given.shape) == (weights.shape[0],)
+            and covers
+            and form_ok,
+            f"group_list {given.tolist() if given.numel() < 9 else tuple(given.shape)} "
+            f"{given.dtype} (group_list_type {group_list_type}), {rows.shape[0]} rows",
         )
         self.MOE_NOT_EMPTY.check(rows.shape[0] > 0, f"x {tuple(rows.shape)}")
         outputs = [

@@ -25,6 +25,7 @@ Every call is recorded in :attr:`SglKernelDouble.calls`. Options the double does
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -46,6 +47,12 @@ MOE_WRAPPER = "sgl_kernel/moe.py (sglang-kernel 0.4.x), topk_softmax/topk_sigmoi
 MOE_CU = f"{LIBRARY}, csrc/moe/moe_topk_softmax_kernels.cu"
 # SGLang 0.5.23: python/sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py
 FUSED_EXPERTS = "SGLang 0.5.23 moe_runner/triton_utils/fused_moe.py, fused_experts_impl's asserts"
+FUSED_EXPERTS_FILE = "SGLang 0.5.23 moe_runner/triton_utils/fused_moe.py, fused_experts_impl"
+# SGLang 0.5.23 python/sglang/srt/runtime_context.py
+RUNTIME_CONTEXT = "SGLang 0.5.23 srt/runtime_context.py"
+# FlashInfer's kernel, which sgl_kernel's activation.cu launches (include/flashinfer/...).
+ACT_KERNEL = "FlashInfer include/flashinfer/activation.cuh, act_and_mul_kernel"
+ACT_LAUNCH = "sgl-kernel csrc/elementwise/activation.cu (sglang-kernel 0.4.10), silu_and_mul etc."
 EMPTY_GRID = (
     "fails: it launches one CUDA block per token, and a launch with 0 blocks is an invalid "
     "configuration (CUDA C++ Programming Guide, execution configuration)"
@@ -70,10 +77,20 @@ class SglKernelDouble(SdkDouble):
         f"{WRAPPER}: _check_shape asserts",
         "raises AssertionError",
     )
+    ACT_HALF_ROW = Constraint(
+        ACT_AND_MUL,
+        "each half row (d = input.shape[-1] / 2 values) a whole number of 16-byte vectors",
+        f"{ACT_KERNEL}: loads the gate at input + t * 2d and the up half at input + t * 2d + d "
+        f"with 16-byte vec_t::cast_load; {ACT_LAUNCH}: dim3 block(min(d / vec_size, 1024))",
+        "faults on misaligned vector loads, or with d < 16 / itemsize launches blocks of 0 "
+        "threads (an invalid configuration, or an output never written)",
+    )
     ACT_DTYPE = Constraint(
         ACT_AND_MUL,
         "float32/float16/bfloat16 input, and out in input's dtype",
-        f"{LIBRARY}, csrc/elementwise/activation.cu: 'Check failed: t.dtype() == dtype'",
+        f"{ACT_LAUNCH}: DISPATCH_PYTORCH_DTYPE_TO_CTYPE_FLOAT_FP16 on input's scalar type, and "
+        "out.data_ptr() cast to input's c_type",
+        "raises for another input dtype; writes out's bytes as input's element type",
     )
     ACT_CONTIGUOUS = Constraint(
         ACT_AND_MUL,
@@ -84,7 +101,9 @@ class SglKernelDouble(SdkDouble):
     ACT_ALIGNED = Constraint(
         ACT_AND_MUL,
         "input and out starting at 16-byte aligned addresses",
-        f"{LIBRARY}: 'Check failed: ((int64_t)t.data_ptr()) % 16 == 0'",
+        f"{ACT_KERNEL}: 16-byte vec_t::cast_load from input and cast_store to out "
+        "(FlashInfer include/flashinfer/vec_dtypes.cuh)",
+        "faults (misaligned address)",
     )
     ACT_TOKENS = Constraint(ACT_AND_MUL, "at least one token", "activation.cu", EMPTY_GRID)
 
@@ -194,7 +213,8 @@ class SglKernelDouble(SdkDouble):
         "a float32 correction_bias [num_experts] when one is given",
         f"{MOE_WRAPPER}: 'correction_bias: [num_experts], float32 (kernel requirement)'",
     )
-    TOPK_TOKENS = Constraint("topk_softmax/topk_sigmoid", "at least one token", MOE_CU, EMPTY_GRID)
+    # No "at least one token" rule: the current topk_softmax/topk_sigmoid return early on an
+    # empty batch (the double computes nothing then, as they launch nothing).
 
     def __init__(self) -> None:
         super().__init__("sgl_kernel")
@@ -325,6 +345,9 @@ class SglKernelDouble(SdkDouble):
         """The act-and-mul kernels' shared checks, then ``act(x[..., :d]) * x[..., d:]``."""
         self.ACT_ROW_BYTES.check(input.shape[-1] * input.dtype.itemsize % 16 == 0, _row(input))
         d = input.shape[-1] // 2
+        self.ACT_HALF_ROW.check(
+            d > 0 and d * input.dtype.itemsize % 16 == 0, f"d={d} x {input.dtype}"
+        )
         if out is None:
             out = torch.empty((*input.shape[:-1], d), dtype=input.dtype, device=input.device)
         halved = (*input.shape[:-1], d)
@@ -337,8 +360,9 @@ class SglKernelDouble(SdkDouble):
         )
         self.ACT_ALIGNED.check(input.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
         self.ACT_TOKENS.check(input.numel() > 0, f"input {tuple(input.shape)}")
-        # act in float32, rounded to the dtype, then multiplied in the dtype (act_and_mul).
-        out.copy_(act(input[..., :d].float()).to(input.dtype) * input[..., d:])
+        # act_and_mul_kernel: both halves loaded as float, act(x) * y in float32, rounded once
+        # by cast_store into out's dtype.
+        out.copy_(act(input[..., :d].float()) * input[..., d:].float())
         return out
 
     def topk_softmax(
@@ -404,7 +428,6 @@ class SglKernelDouble(SdkDouble):
             if correction_bias is None
             else f"{correction_bias.dtype} {tuple(correction_bias.shape)}",
         )
-        self.TOPK_TOKENS.check(gating_output.shape[0] > 0, f"{tuple(gating_output.shape)}")
 
     def _check_norm(
         self, input: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
@@ -431,7 +454,31 @@ class SglKernelDouble(SdkDouble):
 class SglangTritonMoeDouble(SdkDouble):
     """A TEST DOUBLE of SGLang's ``moe_runner/triton_utils/fused_moe.py`` (SGLang 0.5.23): its
     ``outplace_fused_experts`` -> a new ``[num_tokens, hidden]`` tensor, with the preconditions
-    ``fused_experts_impl`` asserts, computed with PyTorch on the CPU."""
+    ``fused_experts_impl`` asserts, computed with PyTorch on the CPU.
+
+    The module's ``get_exec`` and ``get_parallel`` (imported there from SGLang's
+    ``runtime_context``) behave as SGLang's: outside a running SGLang worker (``published`` is
+    false) reading ``get_exec()`` raises ``ValueError`` and ``get_parallel().tp_group``
+    ``RuntimeError``, and ``outplace_fused_experts``, which reads both, refuses the call.
+    """
+
+    FUSED_RUNTIME = Constraint(
+        "outplace_fused_experts",
+        "SGLang's runtime context published in this process (a running SGLang worker)",
+        f"{FUSED_EXPERTS_FILE} reads get_parallel().tp_group (use_symmetric_memory) and "
+        f"get_exec().moe.enable_fused_moe_sum_all_reduce; {RUNTIME_CONTEXT}: "
+        "RuntimeContext.config_bag raises ValueError \"config namespace 'exec' not published\", "
+        "ParallelContext._read raises RuntimeError for a group never written",
+        "raises ValueError or RuntimeError",
+    )
+    FUSED_ACTIVATION = Constraint(
+        "outplace_fused_experts",
+        "a gated activation SGLang's Triton path computes: 'silu', 'gelu' (erf) or 'gelu_tanh'",
+        f"{FUSED_EXPERTS_FILE}: activation == 'silu' ... elif activation in ('gelu', "
+        "'gelu_tanh') and is_gated: gelu_tanh_and_mul if activation == 'gelu_tanh' else "
+        "gelu_and_mul",
+        "raises ValueError (unsupported activation)",
+    )
 
     FUSED_HIDDEN = Constraint(
         "outplace_fused_experts",
@@ -459,8 +506,28 @@ class SglangTritonMoeDouble(SdkDouble):
         "raises AssertionError",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, published: bool = True) -> None:
         super().__init__(SGLANG_FUSED_MOE)
+        self.published = published
+
+    def get_exec(self) -> SimpleNamespace:
+        """SGLang's ``get_exec()``: the published ``exec`` config bag."""
+        if not self.published:
+            raise ValueError("config namespace 'exec' not published")
+        return SimpleNamespace(moe=SimpleNamespace(enable_fused_moe_sum_all_reduce=False))
+
+    def get_parallel(self) -> Any:
+        """SGLang's ``get_parallel()``: its ``tp_group`` exists once a worker built its groups."""
+        published = self.published
+
+        class Parallel:
+            @property
+            def tp_group(self) -> object:
+                if not published:
+                    raise RuntimeError("parallel name 'tp_group' has not been written")
+                return object()
+
+        return Parallel()
 
     def outplace_fused_experts(
         self,
@@ -499,6 +566,8 @@ class SglangTritonMoeDouble(SdkDouble):
             _strides(hidden_states=hidden_states, w1=w1, w2=w2),
         )
         self.FUSED_DTYPE.check(hidden_states.dtype in FLOATS, str(hidden_states.dtype))
+        self.FUSED_ACTIVATION.check(activation in _GATED_ACTIVATIONS, repr(activation))
+        self.FUSED_RUNTIME.check(self.published, "no SGLang runtime context published")
         # float32 runs in TF32 (tl.dot's default precision) on the GPU: the double does not
         # fake a full-precision result the real kernel does not give.
         _unmodeled(hidden_states.dtype in HALF, "float32 fused experts (TF32 on the GPU)")
@@ -506,10 +575,18 @@ class SglangTritonMoeDouble(SdkDouble):
         gate_up = torch.einsum("th,tkeh->tke", hidden_states.float(), w1.float()[topk_ids.long()])
         d = gate_up.shape[-1] // 2
         gate = gate_up[..., :d]
-        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        act = _GATED_ACTIVATIONS[activation](gate)
         hidden = (act * gate_up[..., d:]).to(hidden_states.dtype).float()
         down = torch.einsum("tki,tkhi->tkh", hidden, w2.float()[topk_ids.long()])
         return (down * topk_weights.float().unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
+
+
+# SGLang's Triton path: 'gelu' is gelu_and_mul (erf), 'gelu_tanh' gelu_tanh_and_mul.
+_GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda gate: F.gelu(gate, approximate="tanh"),
+}
 
 
 def _unmodeled(holds: bool, what: str) -> None:

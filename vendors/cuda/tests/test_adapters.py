@@ -25,16 +25,11 @@ from sglang_fl_cuda.impl.rotary import rotary_embedding
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.types import BackendImplKind
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, contract_grid, registered_by
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.vendor import VendorSuite
 
-REGISTRY = registered_by(plugin.sglang_fl_register_ops)
-IMPLS = {op: impl for op in STANDARD_OPS for impl in REGISTRY.implementations(op)}
-CASES = [
-    pytest.param(op, case, dtype, id=f"{op}/{case_id}")
-    for op in STANDARD_OPS
-    if op in IMPLS
-    for case, dtype, case_id in contract_grid(op)
-]
+SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
+REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
 
 
 # The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
@@ -63,6 +58,9 @@ def declined(op: str, case_params: Mapping[str, object], dtype: torch.dtype) -> 
     fused MoE would multiply float32 in TF32."""
     if op == "fused_moe":
         return dtype == torch.float32
+    if op in ("silu_and_mul", "gelu_and_mul"):
+        # each half row must be whole 16-byte vectors (FlashInfer's act_and_mul_kernel)
+        return int(case_params["d"]) * dtype.itemsize % 16 != 0
     if op == "topk":
         return bool(case_params["grouped"] or case_params["bias"])
     if dtype != torch.float32 or case_params["tokens"] == 0:
@@ -128,6 +126,22 @@ def test_silu_and_mul_packs_a_strided_input(sgl_kernel: SglKernelDouble) -> None
 def test_silu_and_mul_declines_unaligned_rows_before_calling(sgl_kernel: SglKernelDouble) -> None:
     with pytest.raises(Unsupported, match="multiple of 16 bytes"):
         silu_and_mul(None, rows(2, 6, torch.float16))  # 12 bytes per row
+    assert sgl_kernel.calls == []
+
+
+@pytest.mark.parametrize(
+    ("d", "dtype"),
+    [(4, torch.float16), (12, torch.bfloat16), (20, torch.float16), (2, torch.float32)],
+)
+def test_act_and_mul_declines_half_rows_the_kernel_cannot_vector_load(
+    sgl_kernel: SglKernelDouble, d: int, dtype: torch.dtype
+) -> None:
+    """The whole row (2d) passes the wrapper's 16-byte check, the half row d does not."""
+    assert 2 * d * dtype.itemsize % 16 == 0
+    with pytest.raises(Unsupported, match=f"half row .*d={d}"):
+        silu_and_mul(None, rows(3, 2 * d, dtype))
+    with pytest.raises(Unsupported, match=f"half row .*d={d}"):
+        gelu_and_mul(SimpleNamespace(approximate="none"), rows(3, 2 * d, dtype))
     assert sgl_kernel.calls == []
 
 
@@ -315,7 +329,7 @@ def test_gelu_and_mul_rejects_an_unknown_approximation(sgl_kernel: SglKernelDoub
 
 
 def test_gelu_and_mul_declines_unaligned_rows_before_calling(sgl_kernel: SglKernelDouble) -> None:
-    with pytest.raises(Unsupported, match=r"sgl_kernel\.gelu_tanh_and_mul needs rows"):
+    with pytest.raises(Unsupported, match=r"sgl_kernel\.gelu_tanh_and_mul needs each half row"):
         gelu_and_mul(SimpleNamespace(approximate="tanh"), rows(2, 6, torch.float16))
     assert sgl_kernel.calls == []
 
@@ -429,7 +443,7 @@ def test_fused_moe_calls_sglang_outplace_fused_experts(
     x, w13, w2 = rows(3, 16), rows(4 * 8, 16).view(4, 8, 16), rows(4 * 16, 4).view(4, 16, 4)
     weights = torch.full((3, 2), 0.5)
     ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
-    out = fused_moe(None, x, w13, w2, weights, ids, "gelu")
+    out = fused_moe(None, x, w13, w2, weights, ids, "gelu")  # the contract's gelu: tanh
     ((name, (kernel_x, kernel_w13, kernel_w2, kernel_weights, kernel_ids), options),) = (
         sglang_triton_moe.calls
     )
@@ -440,9 +454,24 @@ def test_fused_moe_calls_sglang_outplace_fused_experts(
         strict=True,
     ):
         assert passed is given
-    assert options == {"activation": "gelu", "is_gated": True}
+    # SGLang's Triton path names tanh-GELU "gelu_tanh" (its "gelu" is erf-GELU).
+    assert options == {"activation": "gelu_tanh", "is_gated": True}
     assert out.shape == (3, 16)
     assert out.dtype == torch.bfloat16
+
+
+def test_fused_moe_declines_outside_an_sglang_worker(
+    sgl_kernel: SglKernelDouble, sglang_triton_moe: SglangTritonMoeDouble
+) -> None:
+    """No SGLang runtime context (the kit, the hardware script, vLLM): a clean decline."""
+    sglang_triton_moe.published = False
+    x, w13, w2 = rows(3, 16), rows(4 * 8, 16).view(4, 8, 16), rows(4 * 16, 4).view(4, 16, 4)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    with pytest.raises(
+        Unsupported, match=r"only inside an SGLang worker.*'tp_group' has not been written"
+    ):
+        fused_moe(None, x, w13, w2, torch.full((3, 2), 0.5), ids)
+    assert sglang_triton_moe.calls == []
 
 
 def test_fused_moe_declines_when_sglang_is_missing(

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from sgl_kernel_double import SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
 from sglang_fl_cuda.plugin import NO_KERNEL
 
@@ -42,23 +42,39 @@ def test_the_target_is_cuda(script: ModuleType) -> None:
     assert target.probe == SGL_KERNEL.probe
 
 
+def narrow_gates(op: str, dtypes: tuple[torch.dtype, ...]) -> int:
+    """Cases of ``op`` whose half row is not whole 16-byte vectors: declined by the adapter."""
+    cases = STANDARD_OPS[op].cases
+    return sum(1 for c in cases for d in dtypes if c.params["d"] * d.itemsize % 16)
+
+
 def test_every_case_is_checked_and_measured(
-    script: ModuleType, sgl_kernel: SglKernelDouble
+    script: ModuleType, sgl_kernel: SglKernelDouble, sglang_triton_moe: SglangTritonMoeDouble
 ) -> None:
+    # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
+    sglang_triton_moe.published = False
     rows = run_cases(script.TARGET, dtypes=[torch.float16, torch.float32], device="cpu", repeat=0)
     registered = [c for op, c in STANDARD_OPS.items() if op not in NO_KERNEL]
     expected = sum(len(c.cases) for c in registered) * 2
     assert len(rows) == expected  # every registered op, every case run
     declined = [r for r in rows if r.status == "skipped"]
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
-    # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32.
+    # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
+    # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors.
     assert {(r.op, r.dtype) for r in declined} == {
         ("rms_norm", "float32"),
         ("gemma_rms_norm", "float32"),
         ("topk", "float16"),
         ("topk", "float32"),
+        ("fused_moe", "float16"),
         ("fused_moe", "float32"),
+        ("silu_and_mul", "float16"),
+        ("silu_and_mul", "float32"),
+        ("gelu_and_mul", "float16"),
+        ("gelu_and_mul", "float32"),
     }
+    outside = [r for r in declined if r.op == "fused_moe" and r.dtype == "float16"]
+    assert all("only inside an SGLang worker" in r.message for r in outside)
     passed = [r for r in rows if r.status == "passed"]
     assert len(passed) == expected - len(declined)
     for row in passed:
@@ -85,7 +101,9 @@ def test_the_command_line_runs_the_cuda_adapters(
     out = capsys.readouterr().out
     assert out.startswith("sglang-fl-cuda: sgl_kernel double\n")
     cases = len(STANDARD_OPS["silu_and_mul"].cases)
-    assert out.splitlines()[-1] == f"{cases * 3} passed, 0 failed, 0 skipped"
+    narrow = narrow_gates("silu_and_mul", (torch.float32, torch.float16, torch.bfloat16))
+    assert narrow == 12  # d = 2, 6 in float32; d = 2, 4, 6, 12, 20 in float16 and bfloat16
+    assert out.splitlines()[-1] == f"{cases * 3 - narrow} passed, 0 failed, {narrow} skipped"
 
 
 def test_a_wrong_kernel_fails_with_the_case_named(
@@ -99,10 +117,12 @@ def test_a_wrong_kernel_fails_with_the_case_named(
 
     monkeypatch.setattr(sgl_kernel, "silu_and_mul", zeros)
     rows = run_cases(script.TARGET, ["silu_and_mul"], [torch.bfloat16], device="cpu", repeat=1)
-    # Every case fails but the empty batch, which launches nothing and has nothing to get wrong.
+    # Every case fails but the empty batch, which launches nothing and has nothing to get wrong,
+    # and the narrow gates the adapter declines before any launch.
     assert {(r.status, r.case.startswith("tokens=0,")) for r in rows} == {
         ("failed", False),
         ("passed", True),
+        ("skipped", False),
     }
     first = STANDARD_OPS["silu_and_mul"].cases[0].name
     assert f"impl 'vendor.cuda', case '{first}', dtype bfloat16" in rows[0].message

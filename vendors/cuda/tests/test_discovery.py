@@ -6,13 +6,7 @@ plugin: nothing here is imported into the test process first.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sglang_fl_cuda
@@ -21,50 +15,15 @@ from sglang_fl_cuda import plugin
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
-from sglang_fl.testing.checks import registered_by
+from sglang_fl.testing.vendor import VendorSuite
 
-TESTS = Path(__file__).parent
+# The sgl_kernel double lies beside this file, for the scripts that ask for it.
+SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops, doubles=Path(__file__).parent)
 # The ops this wheel implements (the MoE gate kernel function, fused_gate_sigmoid_mul, has
 # no kernel here: the reference serves it).
-VENDOR_OPS = {
-    op for op in STANDARD_OPS if registered_by(plugin.sglang_fl_register_ops).implementations(op)
-}
+VENDOR_OPS = SUITE.ops
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU explanation")
-
-
-def clean_env(*paths: Path) -> dict[str, str]:
-    """The environment without any SGLANG_FL_* setting that could change selection."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_FL_")}
-    # The sgl_kernel double lies beside this file, for the scripts that ask for it.
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (*paths, TESTS))
-    return env
-
-
-def cli(*args: str) -> Any:
-    script = Path(sys.executable).with_name("sglang-fl")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sglang_fl"]
-    done = subprocess.run(
-        [*command, *args], capture_output=True, text=True, env=clean_env(), check=True
-    )
-    return json.loads(done.stdout)
-
-
-def python(code: str, *paths: Path) -> Any:
-    """Run ``code`` in a fresh interpreter (``paths`` first on its path); it prints JSON."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=clean_env(*paths),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def cuda_candidate(decision: dict[str, Any]) -> dict[str, Any]:
-    (mine,) = [c for c in decision["candidates"] if c["plugin"] == "cuda"]
-    return mine
+cli, python, cuda_candidate = SUITE.cli, SUITE.python, SUITE.candidate
 
 
 def test_listed_from_its_distribution_and_loaded() -> None:
@@ -94,21 +53,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "topk",
         "fused_moe",
     } == VENDOR_OPS
-    for op, decision in decisions.items():
-        assert decision["chosen"] == f"reference.{op}"
-        if op not in VENDOR_OPS:  # no candidate; for a NO_KERNEL op `ops` says why
-            assert not [c for c in decision["candidates"] if c["plugin"] == "cuda"], op
-            if op in NO_KERNEL:
-                (gap,) = [g for g in decision["no_kernel"] if g["plugin"] == "cuda"]
-                assert gap["reason"] == NO_KERNEL[op]
-            continue
-        mine = cuda_candidate(decision)
-        assert mine["impl_id"] == "vendor.cuda"
-        assert mine["distribution"] == "sglang-fl-cuda"
-        assert mine["outcome"] == "rejected"
-        assert mine["available"] is False
-        assert mine["availability_reason"].startswith("no CUDA device visible")
-        assert mine["reason"] == f"unavailable: {mine['availability_reason']}"
+    SUITE.assert_unused(decisions, NO_KERNEL, because="no CUDA device visible")
 
 
 @NO_GPU
@@ -180,14 +125,6 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
-    assert set(found["decisions"]) >= VENDOR_OPS
-    for op, decision in found["decisions"].items():
-        if op not in VENDOR_OPS:
-            assert decision["chosen"] == f"reference.{op}", op
-            continue
-        assert decision["chosen"] == "vendor.cuda", op
-        assert cuda_candidate(decision)["availability_reason"] == (
-            "sgl_kernel 0.0.0+double imported; 1 CUDA device"
-        )
+    SUITE.assert_routed(found["decisions"], "sgl_kernel 0.0.0+double imported; 1 CUDA device")
     assert found["calls"] == ["silu_and_mul"]
     assert found["shape"] == [2, 16]

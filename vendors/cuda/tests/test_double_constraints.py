@@ -14,7 +14,7 @@ import pytest
 import torch
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 
-from sglang_fl.testing.doubles import Constraint, ConstraintViolation, constraint_tests
+from sglang_fl.testing.doubles import Constraint, assert_rejects, constraint_tests
 
 D = SglKernelDouble
 Call = Callable[[SglKernelDouble], object]
@@ -82,6 +82,7 @@ VALID: list[Call] = [
     router(),
     router(kernel="topk_sigmoid", bias=torch.zeros(8)),
     router(logits=t(3, 8, dtype=torch.float32)),
+    router(logits=t(0, 8)),  # an empty batch: the current kernels return without a launch
     silu(t(3, 16)),
     silu(t(3, 16), torch.empty(3, 8, dtype=torch.float16)),
     act(t(3, 16), kernel="gelu_and_mul"),
@@ -96,6 +97,7 @@ VALID: list[Call] = [
 
 REJECTED: dict[Constraint, Call] = {
     D.ACT_ROW_BYTES: silu(t(3, 6)),  # 12 bytes per row
+    D.ACT_HALF_ROW: silu(t(3, 8)),  # 16 bytes per row, but d=4 is 8 bytes per half
     D.ACT_OUT_SHAPE: silu(t(3, 16), torch.empty(3, 16, dtype=torch.float16)),
     D.ACT_DTYPE: silu(t(3, 16), torch.empty(3, 8, dtype=torch.bfloat16)),
     D.ACT_CONTIGUOUS: silu(t(3, 32)[:, ::2]),
@@ -122,7 +124,6 @@ REJECTED: dict[Constraint, Call] = {
     D.TOPK_GATING: router(logits=t(3, 8, dtype=torch.float64)),
     D.TOPK_CONTIGUOUS: router(logits=t(3, 16)[:, ::2]),
     D.TOPK_BIAS: router(kernel="topk_sigmoid", bias=torch.zeros(8, dtype=torch.float16)),
-    D.TOPK_TOKENS: router(logits=t(0, 8)),
     D.ROPE_NOT_EMPTY: rope(
         positions=torch.empty(0, dtype=torch.int64), query=t(0, 4, 32), key=t(0, 2, 32)
     ),
@@ -136,6 +137,7 @@ test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_
 # The rejecting calls of the act-and-mul rules, for every kernel that shares them.
 ACT_REJECTED: dict[Constraint, Callable[[str], Call]] = {
     D.ACT_ROW_BYTES: lambda k: act(t(3, 6), kernel=k),
+    D.ACT_HALF_ROW: lambda k: act(t(3, 4, dtype=torch.float32), kernel=k),  # d=2: 8 bytes
     D.ACT_OUT_SHAPE: lambda k: act(t(3, 16), torch.empty(3, 16, dtype=torch.float16), k),
     D.ACT_DTYPE: lambda k: act(t(3, 16), torch.empty(3, 8, dtype=torch.bfloat16), k),
     D.ACT_CONTIGUOUS: lambda k: act(t(3, 32)[:, ::2], kernel=k),
@@ -152,18 +154,12 @@ GEMMA_REJECTED: dict[Constraint, list[Call]] = {
 }
 
 
-def assert_rejects(constraint: Constraint, call: Call) -> None:
-    with pytest.raises(ConstraintViolation) as info:
-        call(SglKernelDouble())
-    assert info.value.constraint is constraint, str(info.value)
-
-
 @pytest.mark.parametrize("kernel", ACT_AND_MUL_KERNELS)
 @pytest.mark.parametrize("constraint", list(ACT_REJECTED), ids=lambda c: c.rule)
 def test_every_act_and_mul_kernel_rejects_what_the_sdk_rejects(
     kernel: str, constraint: Constraint
 ) -> None:
-    assert_rejects(constraint, ACT_REJECTED[constraint](kernel))
+    assert_rejects(SglKernelDouble(), constraint, ACT_REJECTED[constraint](kernel))
 
 
 @pytest.mark.parametrize(
@@ -172,7 +168,7 @@ def test_every_act_and_mul_kernel_rejects_what_the_sdk_rejects(
     ids=lambda value: value.rule if isinstance(value, Constraint) else "",
 )
 def test_gemma_kernels_reject_what_the_sdk_rejects(constraint: Constraint, call: Call) -> None:
-    assert_rejects(constraint, call)
+    assert_rejects(SglKernelDouble(), constraint, call)
 
 
 def test_gelu_kernels_compute_erf_and_tanh_gelu() -> None:
@@ -182,6 +178,35 @@ def test_gelu_kernels_compute_erf_and_tanh_gelu() -> None:
     tanh = torch.nn.functional.gelu(gate, approximate="tanh") * value
     torch.testing.assert_close(sdk.gelu_and_mul(x), exact)
     torch.testing.assert_close(sdk.gelu_tanh_and_mul(x), tanh)
+
+
+@pytest.mark.parametrize("kernel", ACT_AND_MUL_KERNELS)
+def test_act_and_mul_kernels_round_once(kernel: str) -> None:
+    """act(x) * y in float32, rounded once into out's dtype (act_and_mul_kernel's cast_store)."""
+    x = t(64, 64, dtype=torch.bfloat16) * 3
+    gate, value = x[:, :32].float(), x[:, 32:].float()
+    act = {
+        "silu_and_mul": torch.nn.functional.silu,
+        "gelu_and_mul": torch.nn.functional.gelu,
+        "gelu_tanh_and_mul": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+    }[kernel]
+    assert torch.equal(getattr(SglKernelDouble(), kernel)(x), (act(gate) * value).bfloat16())
+
+
+def test_moe_gelu_is_erf_and_gelu_tanh_is_tanh() -> None:
+    """SGLang's Triton path: 'gelu' is gelu_and_mul (erf), 'gelu_tanh' is tanh-GELU."""
+    erf, tanh = experts_with("gelu")(M()), experts_with("gelu_tanh")(M())
+    assert isinstance(erf, torch.Tensor)
+    assert isinstance(tanh, torch.Tensor)
+    assert not torch.equal(erf, tanh)
+
+
+def test_the_runtime_context_reads_raise_as_sglangs_do() -> None:
+    sdk = M(published=False)
+    with pytest.raises(ValueError, match="'exec' not published"):
+        sdk.get_exec()
+    with pytest.raises(RuntimeError, match="tp_group"):
+        sdk.get_parallel().tp_group  # noqa: B018
 
 
 def test_gemma_kernels_scale_by_one_plus_weight() -> None:
@@ -213,13 +238,32 @@ def experts(
     return lambda sdk: sdk.outplace_fused_experts(x, w13, w2, topk_weights, ids)
 
 
-MOE_VALID: list[MoeCall] = [experts()]
+def unpublished(call: MoeCall) -> MoeCall:
+    """``call`` in a process where no SGLang worker published its runtime context."""
+
+    def run(sdk: SglangTritonMoeDouble) -> object:
+        sdk.published = False
+        return call(sdk)
+
+    return run
+
+
+def experts_with(activation: str) -> MoeCall:
+    x, w13, w2 = t(3, 16), t(4, 16, 16), t(4, 16, 8)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    weights = torch.full((3, 2), 0.5)
+    return lambda sdk: sdk.outplace_fused_experts(x, w13, w2, weights, ids, activation=activation)
+
+
+MOE_VALID: list[MoeCall] = [experts(), experts_with("gelu"), experts_with("gelu_tanh")]
 
 MOE_REJECTED: dict[Constraint, MoeCall] = {
     M.FUSED_HIDDEN: experts(x=t(3, 32)),
     M.FUSED_TOPK: experts(topk_weights=torch.full((3, 1), 0.5)),
     M.FUSED_CONTIGUOUS: experts(x=t(3, 32)[:, ::2]),
     M.FUSED_DTYPE: experts(x=t(3, 16, dtype=torch.float64), w13=t(4, 16, 16, dtype=torch.float64)),
+    M.FUSED_ACTIVATION: experts_with("swiglu"),
+    M.FUSED_RUNTIME: unpublished(experts()),
 }
 
 test_moe_valid_calls_pass, test_moe_rejects_what_sglang_rejects, test_every_moe_constraint = (

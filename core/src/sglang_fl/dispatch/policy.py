@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..config import DEFAULT_ORDER, DEFAULT_SOURCE, OrderToken, Settings
 from .identity import vendor_identity
+from .order import DEFAULT_ORDER, DEFAULT_SOURCE, OrderToken
 from .types import OpImpl
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 __all__ = ["OrderPlan", "SelectionPolicy"]
 

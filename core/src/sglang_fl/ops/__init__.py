@@ -1,4 +1,10 @@
-"""The standard operators: one :class:`OpContract` each, read by registry, kit and docs."""
+"""The standard operators: one :class:`OpContract` each, read by registry, kit and docs.
+
+One package per family (``activation``, ``normalization``, ``rotary``, ``moe``, ``attention``,
+``kernel_functions``), one module per op or small group of ops; ``contract`` (the
+:class:`OpContract` type and case helpers) and ``graph_spec`` are shared by all. Families import
+only those two, never each other (the ``ops-families`` import-linter contract).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +13,19 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import UnknownOpError
-from .clamp_position import CONTRACT as CLAMP_POSITION
+from .activation.gelu_and_mul import CONTRACT as GELU_AND_MUL
+from .activation.gelu_new import CONTRACT as GELU_NEW
+from .activation.gelu_quick import CONTRACT as GELU_QUICK
+from .activation.silu_and_mul import CONTRACT as SILU_AND_MUL
+from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .contract import OpCase, OpContract, OpInputs, Tolerance
-from .gelu_and_mul import CONTRACT as GELU_AND_MUL
-from .gelu_new import CONTRACT as GELU_NEW
-from .gelu_quick import CONTRACT as GELU_QUICK
-from .gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
-from .kernel_functions import FUSED_GATE_SIGMOID_MUL
-from .layer_norm import CONTRACT as LAYER_NORM
+from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
 from .moe import FUSED_MOE, TOPK
-from .mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
-from .rms_norm import CONTRACT as RMS_NORM
-from .rotary_embedding import CONTRACT as ROTARY_EMBEDDING
-from .silu_and_mul import CONTRACT as SILU_AND_MUL
+from .normalization.gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
+from .normalization.layer_norm import CONTRACT as LAYER_NORM
+from .normalization.rms_norm import CONTRACT as RMS_NORM
+from .rotary.mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
+from .rotary.rotary_embedding import CONTRACT as ROTARY_EMBEDDING
 
 __all__ = [
     "STANDARD_OPS",

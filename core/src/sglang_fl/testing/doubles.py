@@ -15,6 +15,7 @@ double shares lives here:
   each one rejects what the real operator rejects;
 - :func:`install_double`, which puts a double in place of the SDK for one test: in
   ``sys.modules`` and as the vendor's :class:`~sglang_fl.dispatch.probes.ChipSdk` module;
+- :func:`assert_rejects`, one such proof: the call must be refused for that constraint;
 - :func:`constraint_tests`, the tests proving that a double rejects what the real SDK rejects:
   one call per declared constraint, valid but for that constraint.
 
@@ -47,6 +48,7 @@ __all__ = [
     "Constraint",
     "ConstraintViolation",
     "SdkDouble",
+    "assert_rejects",
     "constraint_tests",
     "constraints_of",
     "install_double",
@@ -143,6 +145,18 @@ def install_double(monkeypatch: pytest.MonkeyPatch, double: DoubleT, sdk: ChipSd
     return double
 
 
+def assert_rejects(
+    double: DoubleT, constraint: Constraint, call: Callable[[DoubleT], object]
+) -> None:
+    """``call(double)`` must be refused for ``constraint``, the refusal naming its source."""
+    import pytest
+
+    with pytest.raises(ConstraintViolation) as info:
+        call(double)
+    assert info.value.constraint is constraint, str(info.value)
+    assert constraint.source in str(info.value)
+
+
 def constraint_tests(
     make_double: Callable[[], DoubleT],
     valid: Sequence[Callable[[DoubleT], object]],
@@ -169,10 +183,7 @@ def constraint_tests(
     def test_rejects_what_the_sdk_rejects(
         constraint: Constraint, call: Callable[[DoubleT], object]
     ) -> None:
-        with pytest.raises(ConstraintViolation) as info:
-            call(make_double())
-        assert info.value.constraint is constraint, str(info.value)
-        assert constraint.source in str(info.value)
+        assert_rejects(make_double(), constraint, call)
 
     def test_every_constraint_is_covered() -> None:
         declared = constraints_of(make_double())

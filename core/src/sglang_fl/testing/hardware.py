@@ -17,7 +17,9 @@ its command line to :func:`run_hardware_conformance`::
 For every case and dtype of each op contract the vendor implements, the implementation runs on
 the device through :func:`~sglang_fl.testing.checks.check_case` (tolerance, untouched inputs,
 in-place outputs); the report gives the max absolute and relative error against the reference
-on the same inputs, and the time per call divided by that of SGLang's own layer method on the
+on the same inputs, computed on the host (:data:`REFERENCE_DEVICE`: PyTorch's CPU kernels, not
+the chip's aten ops, whose math may differ: torch_npu documents ``F.gelu`` ignoring
+``approximate``), then moved to the device, and the time per call divided by that of SGLang's own layer method on the
 same tensors (``n/a`` without SGLang, which is imported only for that baseline). Exit status:
 0 when every case passes or is declined (``Unsupported``), 1 when one fails, 2 when the backend
 is unavailable (the probe's reason is printed).
@@ -55,6 +57,7 @@ from .checks import (
 
 __all__ = [
     "DTYPES",
+    "REFERENCE_DEVICE",
     "SGLANG_BASELINE_OPS",
     "HardwareTarget",
     "Row",
@@ -65,6 +68,10 @@ __all__ = [
     "run_hardware_conformance",
     "summary",
 ]
+
+# Where the reference runs: the host, whose PyTorch kernels compute the contracts' math as
+# written (half-precision ops accumulate in float32 there); the inputs are the same values.
+REFERENCE_DEVICE = "cpu"
 
 # Every dtype some contract covers (float ones, and the index dtypes of clamp_position).
 DTYPES: dict[str, torch.dtype] = {
@@ -232,13 +239,14 @@ def _case_row(
 ) -> Row:
     """Check one case; when it passes, measure its errors and (``repeat`` > 0) its time ratio."""
     contract, name = STANDARD_OPS[impl.op_name], dtype_name(dtype)
-    outcome = check_case(impl, case, dtype, device)
+    outcome = check_case(impl, case, dtype, device, reference_device=REFERENCE_DEVICE)
     if outcome.status != PASSED:
         return Row(impl.op_name, name, case.name, outcome.status, message=outcome.message)
     inputs = partial(_make_inputs, contract, case, dtype, device)  # fresh, same seed each call
+    host = _make_inputs(contract, case, dtype, REFERENCE_DEVICE)
     max_abs, max_rel = max_errors(
         contract.canonical_output(_call(impl.fn, inputs())),
-        contract.canonical_output(_call(contract.reference, inputs())),
+        contract.canonical_output(_call(contract.reference, host)),
     )
     timed = repeat > 0 and not _empty_batch(inputs())
     ratio = _time_ratio(target, impl, inputs(), repeat) if timed else None

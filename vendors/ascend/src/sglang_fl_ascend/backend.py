@@ -1,17 +1,107 @@
-"""The Ascend backend: ``torch_npu`` with a visible NPU, probed lazily and once per process."""
+"""The Ascend backend: ``torch_npu`` with a visible NPU, probed lazily and once per process.
+
+Besides the import and the device count, the probe reads what the adapters' operators depend
+on (:func:`platform`): the torch_npu release (its MoE gating operator changed with Ascend
+Extension for PyTorch 7.2.0) and the SoC generation (bfloat16 GELUs exist on A2/A3 only).
+"""
 
 from __future__ import annotations
 
+import enum
 import os
+import re
+from dataclasses import dataclass
+from types import ModuleType
 
 from sglang_fl.types import Availability, Backend, ChipSdk
 
-__all__ = ["TORCH_NPU", "AscendBackend"]
+__all__ = ["TORCH_NPU", "AscendBackend", "AscendSoc", "NpuPlatform", "platform"]
+
+# The first torch_npu release line of Ascend Extension for PyTorch 7.2.0 (CANN 8.3.RC1): the
+# op-plugin 7.1.0 branch builds torch_npu 2.1.0/2.5.1/2.6.0, 7.2.0 adds 2.7.1 and 2.8.0 (op-plugin
+# README of each branch). Releases below it may be 7.0.0/7.1.0 builds, whose
+# npu_moe_gating_top_k is the restricted one (see impl/moe.py).
+GENERAL_GATING_SINCE = (2, 7, 1)
+
+
+class AscendSoc(str, enum.Enum):
+    """SoC generations by ``torch_npu.npu.get_soc_version()`` (ranges as vllm-ascend's
+    ``vllm_ascend/utils.py`` maps them: 220-225 A2, 250-255 A3, 200-205 310P, 260 A5)."""
+
+    A2 = "Atlas A2"
+    A3 = "Atlas A3"
+    INFERENCE_310P = "Atlas 300I/310P"
+    A5 = "Ascend 950"
+    OTHER = "an older or unknown SoC"
+
+
+def _soc_of(version: int | None) -> AscendSoc:
+    if version is None:
+        return AscendSoc.OTHER
+    if 220 <= version <= 225:
+        return AscendSoc.A2
+    if 250 <= version <= 255:
+        return AscendSoc.A3
+    if 200 <= version <= 205:
+        return AscendSoc.INFERENCE_310P
+    if version == 260:
+        return AscendSoc.A5
+    return AscendSoc.OTHER
+
+
+@dataclass(frozen=True)
+class NpuPlatform:
+    """The torch_npu release and NPU SoC of this process, as the adapters need them."""
+
+    torch_npu_version: str
+    release: tuple[int, int, int] | None  # None: a version string that does not parse
+    soc_version: int | None  # None: not readable
+    soc: AscendSoc
+
+    @property
+    def general_gating(self) -> bool:
+        """Whether npu_moe_gating_top_k is the general operator of torch_npu 7.2.0+ builds."""
+        return self.release is not None and self.release >= GENERAL_GATING_SINCE
+
+    @property
+    def bf16_gelu(self) -> bool:
+        """Whether npu_gelu/npu_fast_gelu/npu_geglu take bfloat16 (A2/A3 only, per their pages)."""
+        return self.soc in (AscendSoc.A2, AscendSoc.A3)
+
+    def describe(self) -> str:
+        soc = f"{self.soc.value} (SoC {self.soc_version})" if self.soc_version else self.soc.value
+        return f"torch_npu {self.torch_npu_version} on {soc}"
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_platform: tuple[ModuleType, NpuPlatform] | None = None
+
+
+def platform() -> NpuPlatform:
+    """The :class:`NpuPlatform` of the loaded torch_npu, read once per module object."""
+    global _platform
+    torch_npu = TORCH_NPU.require()
+    cached = _platform
+    if cached is not None and cached[0] is torch_npu:
+        return cached[1]
+    version = str(getattr(torch_npu, "__version__", "unknown"))
+    match = _RELEASE.match(version)
+    release = (int(match[1]), int(match[2]), int(match[3])) if match else None
+    try:
+        soc_version: int | None = int(torch_npu.npu.get_soc_version())
+    except Exception:  # an SDK without the call, or a driver error: treated as an unknown SoC
+        soc_version = None
+    detected = NpuPlatform(version, release, soc_version, _soc_of(soc_version))
+    _platform = (torch_npu, detected)
+    return detected
 
 
 def _count_npus() -> int:
-    """NPUs visible to this process (ChipSdk calls it after importing torch_npu)."""
-    return int(TORCH_NPU.require().npu.device_count())
+    """NPUs visible to this process (ChipSdk calls it after importing torch_npu); reads the
+    platform too, so the probe is where the release and SoC are first read."""
+    count = int(TORCH_NPU.require().npu.device_count())
+    platform()
+    return count
 
 
 def _no_npu_hint() -> str:
@@ -35,6 +125,7 @@ TORCH_NPU = ChipSdk(
         "npu_geglu",
         "npu_gelu",
         "npu_fast_gelu",
+        "npu_layer_norm_eval",
     ),
     no_device_hint=_no_npu_hint,
 )

@@ -7,12 +7,11 @@ from sglang_fl.types import OpRegistry, hookimpl
 from .backend import AscendBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.moe import fused_moe, topk
-from .impl.normalization import gemma_rms_norm, rms_norm
+from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
 
 # The standard ops torch_npu has no operator for: nothing is registered, `sglang-fl ops` says why.
 NO_KERNEL = {
-    "layer_norm": "torch_npu has no layer norm operator (SGLang's forward_npu is forward_native)",
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
 }
@@ -33,6 +32,7 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "gelu_new": gelu_new,
                 "gelu_quick": gelu_quick,
                 "gemma_rms_norm": gemma_rms_norm,
+                "layer_norm": layer_norm,
                 "mrotary_embedding": mrotary_embedding,
                 "topk": topk,
                 "fused_moe": fused_moe,

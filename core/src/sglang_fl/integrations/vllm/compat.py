@@ -30,7 +30,7 @@ _LAYERNORM = "vllm.model_executor.layers.layernorm"
 
 # Standard op -> (module, class) of the vLLM layer it stands for; a layer class is routed to the
 # op of its nearest listed class (MRotaryEmbedding derives from RotaryEmbeddingBase, not from
-# RotaryEmbedding, so the two never mix). The layers left out, and why: README, "Running vLLM
+# RotaryEmbedding, so the two never mix). The layers left out, and why: docs/running.md, "Run vLLM
 # through sglang-fl".
 LAYER_CLASSES: dict[str, tuple[str, str]] = {
     "silu_and_mul": (_ACTIVATION, "SiluAndMul"),

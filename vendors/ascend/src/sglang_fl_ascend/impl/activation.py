@@ -8,6 +8,10 @@ copy is allowed) and no empty tensor; ``npu_geglu``, ``npu_gelu`` and ``npu_fast
 strided inputs as they are (their pages say non-contiguous tensors are supported). An empty
 batch returns its empty output without a call, for every operator. float32/float16/bfloat16
 are the contracts' dtypes; ``npu_geglu``'s ``approximate`` flag is 0 (erf) or 1 (tanh).
+
+bfloat16: ``npu_gelu``, ``npu_fast_gelu`` and ``npu_geglu`` take it on Atlas A2/A3 only (their
+pages list float16/float32 for the training and inference series); on another SoC, as the
+probe read it (:func:`~sglang_fl_ascend.backend.platform`), a bfloat16 call is declined.
 """
 
 from __future__ import annotations
@@ -16,12 +20,23 @@ from typing import Any
 
 import torch
 
-from sglang_fl.ops.gelu_and_mul import check_approximate
+from sglang_fl.ops.activation.gelu_and_mul import check_approximate
+from sglang_fl.types import Unsupported
 
-from ..backend import TORCH_NPU
+from ..backend import TORCH_NPU, platform
 
 # GeluAndMul.approximate -> npu_geglu's approximate flag (0: erf, 1: tanh).
 _GEGLU_APPROXIMATE = {"none": 0, "tanh": 1}
+
+
+def _check_bf16_gelu(operator: str, x: torch.Tensor) -> None:
+    """``Unsupported`` for bfloat16 where the SoC's ``operator`` has no bfloat16 kernel."""
+    if x.dtype == torch.bfloat16:
+        found = platform()
+        if not found.bf16_gelu:
+            raise Unsupported(
+                f"{operator} takes bfloat16 on Atlas A2/A3 only; this is {found.describe()}"
+            )
 
 
 def _gated_empty(x: torch.Tensor) -> torch.Tensor:
@@ -40,6 +55,7 @@ def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
 def gelu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
     """``gelu(x[:, :d]) * x[:, d:]`` by ``npu_geglu`` (gate on the left half), a new tensor."""
     approximate = _GEGLU_APPROXIMATE[check_approximate(obj)]
+    _check_bf16_gelu("npu_geglu", x)
     if x.numel() == 0:
         return _gated_empty(x)
     out, _gelu = TORCH_NPU.require().npu_geglu(
@@ -50,6 +66,7 @@ def gelu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
 
 def gelu_new(obj: Any, x: torch.Tensor) -> torch.Tensor:
     """GPT-2's tanh GELU is ``npu_gelu(x, approximate="tanh")`` (the same formula)."""
+    _check_bf16_gelu("npu_gelu", x)
     if x.numel() == 0:
         return torch.empty_like(x)
     out: torch.Tensor = TORCH_NPU.require().npu_gelu(x, approximate="tanh")
@@ -58,6 +75,7 @@ def gelu_new(obj: Any, x: torch.Tensor) -> torch.Tensor:
 
 def gelu_quick(obj: Any, x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(1.702 x)`` is ``npu_fast_gelu``'s formula, as ``QuickGELU.forward_npu``."""
+    _check_bf16_gelu("npu_fast_gelu", x)
     if x.numel() == 0:
         return torch.empty_like(x)
     out: torch.Tensor = TORCH_NPU.require().npu_fast_gelu(x)

@@ -1,6 +1,7 @@
 """``rms_norm`` on ``torch_npu.npu_rms_norm`` / ``npu_add_rms_norm``, as ``RMSNorm.forward_npu``,
-and ``gemma_rms_norm`` on the same two operators with ``1 + weight`` as gamma, as
-``GemmaRMSNorm.forward_npu`` does with a residual.
+``gemma_rms_norm`` on the same two operators with ``1 + weight`` as gamma, as
+``GemmaRMSNorm.forward_npu`` does with a residual, and ``layer_norm`` on
+``npu_layer_norm_eval`` (SGLang's own ``LayerNorm.forward_npu`` is ``forward_native``).
 
 The operators return new tensors: with a residual, ``npu_add_rms_norm(residual, x, ...)``
 returns ``(norm(x + residual), rstd, x + residual)`` and the adapters return the first and the
@@ -57,3 +58,33 @@ def gemma_rms_norm(obj: Any, x: torch.Tensor, residual: torch.Tensor | None = No
         return torch.empty_like(x) if residual is None else (torch.empty_like(x), x + residual)
     gamma = (1.0 + obj.weight.data.float()).to(x.dtype)
     return _norm(obj, x, gamma, residual)
+
+
+def layer_norm(obj: Any, x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[num_tokens, hidden]`` layer-normalised by ``npu_layer_norm_eval`` in the layer's
+    compute dtype ``obj.dtype``, the result converted back to ``x``'s dtype (as
+    ``LayerNorm.forward_native`` computes it); a new tensor, ``x`` untouched.
+
+    ``npu_layer_norm_eval(input, normalized_shape, weight=None, bias=None, eps)`` (torch_npu API
+    page ``(beta)torch_npu.npu_layer_norm_eval``) is ``F.layer_norm``'s semantics; a missing
+    weight or bias is ones or zeros, so the layer's options pass ``None``. Weight and bias are
+    the layer's, in its compute dtype: the operator builds its defaults and statistics in the
+    input's and the weight's dtype (op-plugin ``LayerNormEvalKernelNpu.cpp``), so a weight in
+    another dtype is declined. Strided inputs are taken as they are (the page says
+    non-contiguous tensors are supported); an empty batch returns without a call.
+    """
+    compute = obj.dtype
+    weight = obj.weight if obj.elementwise_affine else None
+    bias = obj.bias if obj.use_bias else None
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is not None and tensor.dtype != compute:
+            raise Unsupported(
+                f"npu_layer_norm_eval needs the {name} in the compute dtype {compute}, "
+                f"got {tensor.dtype}"
+            )
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    out: torch.Tensor = TORCH_NPU.require().npu_layer_norm_eval(
+        x.to(compute), [obj.hidden_size], weight=weight, bias=bias, eps=obj.variance_epsilon
+    )
+    return out.to(x.dtype)

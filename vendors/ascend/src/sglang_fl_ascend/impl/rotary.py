@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from sglang_fl.ops.mrotary_embedding import check_section
-from sglang_fl.ops.rotary_embedding import joined_cos_sin_cache
+from sglang_fl.ops.rotary.mrotary_embedding import check_section
+from sglang_fl.ops.rotary.rotary_embedding import joined_cos_sin_cache
 from sglang_fl.types import Unsupported
 
 from ..backend import TORCH_NPU

@@ -10,7 +10,12 @@ reach on an NVIDIA GPU).
 - ``fused_moe``: ``outplace_fused_experts`` from SGLang's
   ``sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py`` (SGLang 0.5.23), imported on
   the first call; never writes its inputs. float16/bfloat16 only: for float32 its ``tl.dot``
-  runs in TF32, so float32 calls are declined to the next candidate.
+  runs in TF32, so float32 calls are declined to the next candidate. The contract's ``"gelu"``
+  is tanh-GELU, which SGLang's Triton path names ``"gelu_tanh"`` (its ``"gelu"`` is erf-GELU).
+  ``fused_experts_impl`` reads SGLang's runtime context (``get_parallel().tp_group`` for its
+  output allocation, ``get_exec().moe.enable_fused_moe_sum_all_reduce``), which exists only in
+  a running SGLang worker: elsewhere (the conformance kit, the hardware script, vLLM) the call
+  is declined with ``Unsupported`` before anything runs, naming what SGLang said.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl.ops.moe import ScoringFunc, check_activation
+from sglang_fl.ops.moe import MoeActivation, ScoringFunc, check_activation
 from sglang_fl.types import Unsupported
 
 from ..backend import SGL_KERNEL
@@ -30,6 +35,8 @@ SGLANG_FUSED_MOE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
 # SGLang 0.5.23's fused_experts_impl accepts float32 too, but its Triton kernel multiplies with
 # tl.dot's default precision, TF32 for float32 inputs: outside the float32 tolerance.
 _FUSED_MOE_DTYPES = frozenset({torch.float16, torch.bfloat16})
+# The contract's activation -> the name SGLang's Triton fused_experts_impl computes it by.
+_SGLANG_ACTIVATIONS = {MoeActivation.SILU: "silu", MoeActivation.GELU: "gelu_tanh"}
 
 
 def topk(obj: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,13 +84,31 @@ def fused_moe(
         module = importlib.import_module(SGLANG_FUSED_MOE)
     except ImportError as exc:
         raise Unsupported(f"SGLang's Triton fused MoE cannot be imported: {exc}") from exc
+    _require_sglang_runtime(module)
     out: torch.Tensor = module.outplace_fused_experts(  # SGLang is untyped here
         x.contiguous(),
         w13.contiguous(),
         w2.contiguous(),
         topk_weights,
         topk_ids,
-        activation=act.value,
+        activation=_SGLANG_ACTIVATIONS[act],
         is_gated=True,
     )
     return out
+
+
+def _require_sglang_runtime(module: Any) -> None:
+    """``Unsupported`` unless the runtime context ``fused_experts_impl`` reads is published.
+
+    The reads are the kernel's own (``module.get_parallel``/``get_exec`` are what the fused-MoE
+    module imported from ``sglang.srt.runtime_context``), made here first so that a process
+    without an SGLang worker gets a decline naming SGLang's message, not a failure mid-call.
+    """
+    try:
+        module.get_parallel().tp_group  # noqa: B018  # the read itself is the check
+        module.get_exec().moe.enable_fused_moe_sum_all_reduce  # noqa: B018
+    except (RuntimeError, ValueError, AttributeError) as exc:
+        raise Unsupported(
+            "SGLang's Triton fused MoE runs only inside an SGLang worker (it reads SGLang's "
+            f"runtime context, which this process has not published): {exc}"
+        ) from exc

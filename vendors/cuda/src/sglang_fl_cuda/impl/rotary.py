@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from sglang_fl.ops.rotary_embedding import joined_cos_sin_cache
+from sglang_fl.ops.rotary.rotary_embedding import joined_cos_sin_cache
 from sglang_fl.types import Unsupported
 
 from ..backend import SGL_KERNEL

@@ -18,7 +18,7 @@ def silu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
 
 def gelu_and_mul(obj: Any, x: torch.Tensor) -> torch.Tensor:
     # gelu(x[:, :d]) * x[:, d:] -> new [num_tokens, d]; obj.approximate is "none" (erf) or
-    # "tanh" (sglang_fl.ops.gelu_and_mul.check_approximate reads it).
+    # "tanh" (sglang_fl.ops.activation.gelu_and_mul.check_approximate reads it).
     raise Unsupported("template: gelu_and_mul is not implemented")
 
 

@@ -1,0 +1,1 @@
+"""Kernels SGLang's model code calls as plain functions, outside any fused-op layer."""

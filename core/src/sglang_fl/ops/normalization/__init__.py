@@ -1,0 +1,1 @@
+"""Normalization ops: RMSNorm (with its fused residual add), Gemma's RMSNorm, LayerNorm."""

@@ -1,0 +1,1 @@
+"""Rotary position embeddings: the standard rope and the multimodal (sectioned) rope."""
