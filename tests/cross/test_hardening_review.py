@@ -127,16 +127,12 @@ from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
 
 
 class Liar(str):
+    # Passes the identity rule's `vendor != name` and `startswith(namespace)` checks.
     def startswith(self, *args, **kwargs):
-        return True
-
-    def __eq__(self, other):
         return True
 
     def __ne__(self, other):
         return False
-
-    __hash__ = str.__hash__
 
 
 @hookimpl
@@ -261,7 +257,7 @@ def write_plugin(root: Path, name: str, source: str) -> Path:
         textwrap.dedent(source).replace("HOLD_S", str(HOLD_S)).lstrip()
     )
     pyproject = PYPROJECT.format(
-        name=f"sglang-fl-{name}",
+        name=name,
         version="0.1.0",
         ep_name=json.dumps(name),
         entry_point=f"sglang_fl_{name}",
@@ -375,7 +371,9 @@ def test_a_str_subclass_cannot_impersonate_the_cuda_wheel(review_plugins, sites)
     "already owned", and PREFER=vendor:cuda chose the impostor."""
     impostor = review_plugins["aaimpostor"]
     assert impostor["status"] == "failed"
-    assert "must be 'vendor.aaimpostor'" in impostor["error"]
+    # Its strings are copied as plain str: its lying vendor is what the identity rule sees.
+    refusal = "registered 'vendor.cuda' with vendor='cuda'; a plugin's vendor name"
+    assert refusal in impostor["error"]
     cuda = review_plugins["cuda"]
     assert (cuda["status"], cuda["error"], cuda["distribution"]) == (
         "loaded",

@@ -90,7 +90,9 @@ class OpRegistry:
             self._refuse_in(scope, str(exc))
             raise
         with self._lock:
-            if scope is not None and self._scope is not scope:
+            if scope is None:  # still a direct registration: loading may have begun meanwhile
+                self._caller_scope("registered an implementation")
+            elif self._scope is not scope:
                 raise RegistrationError(
                     f"plugin {provenance.plugin!r} registered {clean.impl_id!r} after its "
                     "registration scope was closed (its hook did not return in time)"
