@@ -19,8 +19,9 @@ the device through :func:`~sglang_fl.testing.checks.check_case` (tolerance, unto
 in-place outputs); the report gives the max absolute and relative error against the reference
 on the same inputs, computed on the host (:data:`REFERENCE_DEVICE`: PyTorch's CPU kernels, not
 the chip's aten ops, whose math may differ: torch_npu documents ``F.gelu`` ignoring
-``approximate``), then moved to the device, and the time per call divided by that of SGLang's own layer method on the
-same tensors (``n/a`` without SGLang, which is imported only for that baseline). Exit status:
+``approximate``), then moved to the device, and the time per call divided by that of
+SGLang's own layer method on the same tensors (``n/a`` without SGLang, which is imported only
+for that baseline). Exit status:
 0 when every case passes or is declined (``Unsupported``), 1 when one fails, 2 when the backend
 is unavailable (the probe's reason is printed).
 """
