@@ -165,14 +165,15 @@ def test_walkthrough(tmp_path: Path) -> None:
         )
     )
     out = sh(TEST, project)
-    # 2 discovery tests; kit: plugin, signature, 19 cases x 3 dtypes.
-    assert summary(out) == {"passed": 2 + 1 + 1 + 57}, out
+    # 2 discovery tests; kit: plugin, signature, 24 cases x 3 dtypes (the silu_and_mul
+    # contract's 18 grid cases, its empty batch and its 5 narrow gates).
+    assert summary(out) == {"passed": 2 + 1 + 1 + 72}, out
 
     # 3. Broken on purpose: the failure names vendor, op, case, dtype and the errors.
     (project / PACKAGE / "impl" / "activation.py").write_text(BROKEN)
     out = sh(TEST_ONE_OP, project, ok=False)
     # The empty batch (tokens=0, once per dtype) has no value to get wrong: it passes.
-    assert summary(out) == {"failed": 54, "passed": 2 + 2 + 3}, out
+    assert summary(out) == {"failed": 69, "passed": 2 + 2 + 3}, out
     assert re.search(
         r"vendor 'my_chip' \(sglang-fl-my-chip 0\.1\.0\), op 'silu_and_mul', "
         r"impl 'vendor\.my_chip', case 'tokens=7,d=128,strided', dtype bfloat16, device cpu:\n"
@@ -188,7 +189,7 @@ def test_walkthrough(tmp_path: Path) -> None:
     location = sh("pip show -f sglang-fl-my-chip", project)
     assert "sglang_fl_my_chip/impl/activation.py" in location  # files of the wheel, not a link
     out = sh(TEST, project)
-    assert summary(out) == {"passed": 61}, out
+    assert summary(out) == {"passed": 2 + 1 + 1 + 72}, out
     table = sh(OPS, project)
     assert re.search(r"silu_and_mul\s+\*vendor\.my_chip\s", table), table
     ops = {report["op"]: report for report in json.loads(sh(OPS_JSON, project))["ops"]}
