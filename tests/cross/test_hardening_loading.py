@@ -260,8 +260,14 @@ def test_probes_that_raise_exit_reenter_or_block_are_unavailable(path, cli_ops, 
         verdict = found[f"vendor.probed.{probe}"]
         assert verdict["available"] is False
         assert verdict["outcome"] == "rejected"
-        expected = RESOLVING_PROBE[path] if probe == "resolves" else PROBE_REASONS[probe]
-        assert verdict["availability_reason"].startswith(expected), verdict
+        if probe == "resolves":
+            # In the CLI's process the global runtime may exist by then after all: the
+            # runtime_in_thread attack's thread, abandoned with its hook, goes on loading it in
+            # the background. Either refusal is a reason, never a deadlock; which one is timing.
+            allowed = (RESOLVING_PROBE[path], RESOLVING_PROBE["api"])
+        else:
+            allowed = (PROBE_REASONS[probe],)
+        assert verdict["availability_reason"].startswith(allowed), verdict
 
 
 def test_text_ops_survives_the_probes(sites):
