@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..errors import UnknownOpError
+from .attention import DECODE_ATTENTION, EXTEND_ATTENTION, STORE_KV_CACHE
 from .clamp_position import CONTRACT as CLAMP_POSITION
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .gelu_and_mul import CONTRACT as GELU_AND_MUL
@@ -48,6 +49,9 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             TOPK,
             FUSED_MOE,
             FUSED_GATE_SIGMOID_MUL,
+            STORE_KV_CACHE,
+            DECODE_ATTENTION,
+            EXTEND_ATTENTION,
         )
     }
 )
