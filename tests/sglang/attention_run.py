@@ -1,6 +1,6 @@
 """Greedy generation through one attention backend, in a process of its own.
 
-``python attention_run.py MODEL_DIR BACKEND...`` starts one ``sglang.Engine`` per named
+``python attention_run.py MODEL_DIR BACKEND... [--tp N]`` starts one ``sglang.Engine`` per named
 attention backend in turn (small ``chunked_prefill_size``, so a long prompt spans several
 chunks) and, with each, generates: a batch of short prompts, one long prompt, and requests
 sharing a long prefix sent one after another (so the later ones hit the radix cache). Prints
@@ -25,10 +25,14 @@ PREFIX = " ".join(["shared context that every request repeats before its questio
 SHARED = [f"{PREFIX} question {i}:" for i in range(3)]
 
 
-def run(model_dir: str, backend: str) -> dict[str, Any]:
+def run(model_dir: str, backend: str, tp_size: int = 1) -> dict[str, Any]:
     sampling = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
     engine = start_engine(
-        model_dir, attention_backend=backend, chunked_prefill_size=CHUNK, disable_cuda_graph=True
+        model_dir,
+        attention_backend=backend,
+        chunked_prefill_size=CHUNK,
+        disable_cuda_graph=True,
+        tp_size=tp_size,
     )
     try:
         short = engine.generate(SHORT, sampling)
@@ -48,8 +52,14 @@ def run(model_dir: str, backend: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    tp_size = 1
+    if "--tp" in argv:
+        at = argv.index("--tp")
+        tp_size = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     model_dir, backends = argv[0], argv[1:]
-    result = {"pid": os.getpid(), "backends": {b: run(model_dir, b) for b in backends}}
+    runs = {b: run(model_dir, b, tp_size) for b in backends}
+    result = {"pid": os.getpid(), "backends": runs}
     print(json.dumps(result), flush=True)
     return 0
 

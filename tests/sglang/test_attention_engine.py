@@ -106,6 +106,21 @@ def test_report_names_the_kernels_of_every_attention_layer(
     assert handoffs == []
 
 
+def test_tensor_parallel_ranks_give_torch_natives_tokens(llama: Path, tmp_path: Path) -> None:
+    """TP=2 on the CPU (one NUMA node, a core per rank): each rank's backend binds its own
+    kernels for its heads, and the tokens are torch_native's at TP=2."""
+    log = tmp_path / "dispatch.jsonl"
+    proc = _run(llama, log, *BACKENDS, "--tp", "2", SGLANG_CPU_OMP_THREADS_BIND="0|1")
+    result = _result(proc)["backends"]
+    for scenario in SCENARIOS:
+        assert result["sglang_fl"][scenario] == result["torch_native"][scenario], scenario
+    ranks = {r["proctitle"] for r in _attention_rows(log)}
+    assert ranks == {"sglang::scheduler_TP0", "sglang::scheduler_TP1"}
+    for rank in ranks:
+        served = {(r["layer_id"], r["op"]) for r in _attention_rows(log) if r["proctitle"] == rank}
+        assert served == {(i, op) for i in range(NUM_LAYERS) for op in ATTENTION_OPS}
+
+
 def test_unknown_backend_name_gets_sglangs_own_error(tmp_path: Path) -> None:
     """SGLang's argument parser refuses the name and lists its choices, ``sglang_fl`` among
     them (the plugins load before the arguments are parsed)."""

@@ -366,7 +366,8 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
 
     def _bind_op(self, layer: Any, op_name: str, stand_in: Any, resolution: Resolution) -> Forward:
         bridge = _OpBridge(op_name, stand_in)
-        return self.router._bind(layer, bridge, resolution, _unreachable(op_name))
+        label = f"{qualname(type(layer))}[{op_name}]"  # a verify budget per op, not shared
+        return self.router._bind(layer, bridge, resolution, _unreachable(op_name), label)
 
     def _declined(self, op_name: str, impl_id: str, next_id: str, exc: Unsupported) -> None:
         """Report, once per implementation and reason, that a call went to the next one."""
