@@ -100,7 +100,7 @@ def test_report_names_the_kernels_of_every_attention_layer(
     assert set(served) == {(i, op) for i in range(NUM_LAYERS) for op in ATTENTION_OPS}
     for (_, op), row in served.items():
         assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"reference.{op}"), row
-        assert row["layer"] == "sglang.srt.layers.radix_attention.RadixAttention"
+        assert row["layer"] == f"sglang.srt.layers.radix_attention.RadixAttention[{op}]"
         assert isinstance(row["pid"], int)
     handoffs = [r for r in read_log(log) if r["event"] == "handoff" and r.get("attention_backend")]
     assert handoffs == []

@@ -311,7 +311,9 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         for op_name in AttentionOp.ALL:
             resolution = self._resolution(op_name)
             fields: dict[str, Any] = {
-                "layer": qualname(type(layer)),
+                # RadixAttention[<op>]: the verify label too; one layer runs three ops, and
+                # readers keyed by ``layer`` (one row per layer class) keep all three.
+                "layer": _op_label(layer, op_name),
                 "layer_id": layer.layer_id,
                 "op": op_name,
                 "attention_backend": BACKEND_NAME,
@@ -366,7 +368,7 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
 
     def _bind_op(self, layer: Any, op_name: str, stand_in: Any, resolution: Resolution) -> Forward:
         bridge = _OpBridge(op_name, stand_in)
-        label = f"{qualname(type(layer))}[{op_name}]"  # a verify budget per op, not shared
+        label = _op_label(layer, op_name)  # a verify budget per op, not one shared by the class
         return self.router._bind(layer, bridge, resolution, _unreachable(op_name), label)
 
     def _declined(self, op_name: str, impl_id: str, next_id: str, exc: Unsupported) -> None:
@@ -446,6 +448,11 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
                 return
             self._reported.add(marker)
         self.report.emit(event, **fields)
+
+
+def _op_label(layer: Any, op_name: str) -> str:
+    """``sglang.srt.layers.radix_attention.RadixAttention[decode_attention]``."""
+    return f"{qualname(type(layer))}[{op_name}]"
 
 
 def _unreachable(op_name: str) -> Forward:
