@@ -22,6 +22,8 @@ ARCHITECTURES = (
     "qwen3_moe",
     "mixtral",
     "qwen2_moe",
+    "qwen3",
+    "gemma3_swa",
 )
 # MoE architectures: 8 experts, 2 per token, small expert MLPs.
 NUM_EXPERTS = 8
@@ -99,17 +101,28 @@ def _config(
         return LlamaConfig(**common)
     if arch == "qwen2":
         return Qwen2Config(**common, use_sliding_window=False)
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma3_swa"):
         # Gemma's GeGLU MLP, 1 + weight norms (q/k norms too), tied embeddings; the sliding
         # window is wider than any test sequence, so local and global layers see the same keys.
+        # gemma3_swa: an 8-token window on the first layer, full attention on the second.
         gemma = {**common, "tie_word_embeddings": True}
+        window = {"sliding_window": 512}
+        if arch == "gemma3_swa":
+            window = {
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+            }
         return Gemma3TextConfig(
             **gemma,
             head_dim=hidden_size // 4,
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=hidden_size // 4,
-            sliding_window=512,
+            **window,
         )
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common, head_dim=hidden_size // 4, use_sliding_window=False)
     if arch == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 

@@ -41,6 +41,7 @@ class ReportEvent(StrEnum):
     LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
     HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
     FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
+    FALLBACK = "fallback"  # an implementation first declined a call; the next candidate ran it
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
 
 

@@ -41,6 +41,10 @@ WITHOUT_KERNEL = {
     "mrotary_embedding",
     "clamp_position",
     "fused_gate_sigmoid_mul",
+    # Until this wheel has adapters for FlashInfer's / sgl_kernel's attention kernels.
+    "store_kv_cache",
+    "decode_attention",
+    "extend_attention",
 }
 
 

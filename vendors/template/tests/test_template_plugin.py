@@ -21,6 +21,9 @@ REGISTERED_OPS = {
     "clamp_position",
     "topk",
     "fused_moe",
+    "store_kv_cache",
+    "decode_attention",
+    "extend_attention",
 }
 
 

@@ -278,7 +278,12 @@ class LayerRouter:
             return plan
 
     def _bind(
-        self, layer: Any, bridge: Bridge, resolution: Resolution, engine_forward: Forward
+        self,
+        layer: Any,
+        bridge: Bridge,
+        resolution: Resolution,
+        engine_forward: Forward,
+        label: str | None = None,
     ) -> Forward:
         """The forward ``layer`` keeps: a bridge to the chosen implementation, or the engine's.
 
@@ -295,7 +300,7 @@ class LayerRouter:
         config = self.runtime.config
         # Both return resolution.fn itself when off: eager calls then cost what they did before.
         fn = graph_safe(resolution.op, resolution.fn, chosen.impl_id, enabled=config.custom_ops)
-        fn = self.verifier.wrap(fn, chosen, qualname(cls), chain=resolution.chain)
+        fn = self.verifier.wrap(fn, chosen, label or qualname(cls), chain=resolution.chain)
         forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
         # Engines' traces label a cached forward by its name: make it say who runs.
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{chosen.impl_id}]"

@@ -17,6 +17,7 @@ from .activation.gelu_and_mul import CONTRACT as GELU_AND_MUL
 from .activation.gelu_new import CONTRACT as GELU_NEW
 from .activation.gelu_quick import CONTRACT as GELU_QUICK
 from .activation.silu_and_mul import CONTRACT as SILU_AND_MUL
+from .attention import DECODE_ATTENTION, EXTEND_ATTENTION, STORE_KV_CACHE
 from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
@@ -54,6 +55,9 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             TOPK,
             FUSED_MOE,
             FUSED_GATE_SIGMOID_MUL,
+            STORE_KV_CACHE,
+            DECODE_ATTENTION,
+            EXTEND_ATTENTION,
         )
     }
 )

@@ -101,10 +101,21 @@ def _fused_moe_fake(
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
+def _attention_fake(
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *rest: Any
+) -> torch.Tensor:
+    """``[num_tokens, heads, v_head_dim]`` in ``q``'s dtype: the references read lengths."""
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
+
+
 F = FieldType
 _GEMMA_NORM = _fields(weight=F.TENSOR, variance_epsilon=F.FLOAT)
 _NORM = (*_GEMMA_NORM, *_fields(hidden_size=F.INT))
 _ROPE = _fields(head_size=F.INT, rotary_dim=F.INT, is_neox_style=F.BOOL, cos_sin_cache=F.TENSOR)
+
+_ATTENTION = _fields(
+    scaling=F.FLOAT, logit_cap=F.FLOAT, sliding_window_size=F.INT, is_causal=F.BOOL
+)
 
 GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
     {
@@ -151,5 +162,8 @@ GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
         ),
         "fused_moe": GraphSpec(_fields(num_experts=F.INT), fake=_fused_moe_fake),
         "fused_gate_sigmoid_mul": GraphSpec(None, mutates=("addend",)),
+        "store_kv_cache": GraphSpec(_fields(), mutates=("k_cache", "v_cache")),
+        "decode_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
+        "extend_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
     }
 )

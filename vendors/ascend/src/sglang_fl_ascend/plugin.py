@@ -14,6 +14,13 @@ from .impl.rotary import mrotary_embedding, rotary_embedding
 NO_KERNEL = {
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
+    # torch_npu has operators (_npu_reshape_and_cache, npu_fused_infer_attention_score); this
+    # wheel has no adapter for them yet, so it declares none rather than ship an untested one.
+    **dict.fromkeys(
+        ("store_kv_cache", "decode_attention", "extend_attention"),
+        "no adapter in this wheel yet for torch_npu's attention operators "
+        "(_npu_reshape_and_cache, npu_fused_infer_attention_score)",
+    ),
 }
 
 

@@ -18,6 +18,12 @@ NO_KERNEL = {
     "mrotary_embedding": "sgl_kernel has no mrope kernel (SGLang's forward_cuda uses Triton)",
     "clamp_position": "sgl_kernel has none (SGLang's is a JIT kernel in sglang.kernels)",
     "fused_gate_sigmoid_mul": "sgl_kernel has none (SGLang's own Triton kernel stays in place)",
+    # FlashInfer / sgl_kernel have them; this wheel has no adapter for them yet, so it declares
+    # none rather than ship an untested one (SGLang's own flashinfer backend serves CUDA).
+    **dict.fromkeys(
+        ("store_kv_cache", "decode_attention", "extend_attention"),
+        "no adapter in this wheel yet for FlashInfer's / sgl_kernel's attention kernels",
+    ),
 }
 
 

@@ -6,7 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import TemplateBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
-from .impl.attention import clamp_position
+from .impl.attention import clamp_position, decode_attention, extend_attention, store_kv_cache
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
@@ -31,6 +31,9 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "clamp_position": clamp_position,
                 "topk": topk,
                 "fused_moe": fused_moe,
+                "store_kv_cache": store_kv_cache,
+                "decode_attention": decode_attention,
+                "extend_attention": extend_attention,
             }
         )
     )

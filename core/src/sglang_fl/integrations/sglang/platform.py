@@ -118,4 +118,5 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
         return DISPATCH_KEY
 
     def get_default_attention_backend(self) -> str:
-        return "torch_native"
+        """sglang-fl's attention backend: the attention ops, run by the policy's kernels."""
+        return "sglang_fl"  # attention_backend.BACKEND_NAME (no import: loaded by SGLang early)

@@ -1,0 +1,525 @@
+"""SGLang's ``sglang_fl`` attention backend: the attention ops, run by whichever kernels win.
+
+A chip maker's wheel supplies only kernels (``store_kv_cache``, ``decode_attention``,
+``extend_attention``); this module builds the complete SGLang ``AttentionBackend`` around
+them. :func:`install` registers it under :data:`BACKEND_NAME` through SGLang's own registry
+(``layers/attention/attention_registry.py`` ``register_attention_backend``) and adds the name
+to ``--attention-backend``'s choices (``arg_groups/choices.py``
+``add_attention_backend_choices``); sglang-fl's CPU platform makes it the default.
+
+Per forward, :meth:`SglangFlAttnBackend.init_forward_metadata` collects the batch's tensors
+once (the sliding-window slot translation included, as ``torch_native`` does). Per layer, on
+its first call, each op is resolved (once per process) and bound through the layer routing's
+seam (:meth:`~sglang_fl.integrations.routing.LayerRouter._bind`: custom ops and verify mode
+apply), and the dispatch report gets one ``layer`` record per layer and op. A call then only
+passes tensors: no policy read, no registry lookup.
+
+What the ops do not cover is handed to SGLang's own ``torch_native`` backend, reported once
+per reason: cross-attention and encoder-decoder batches, and KV pools whose layout the store
+op does not write (quantized, HND, 5-D); an op no implementation survives for is handed over
+too, unless ``SGLANG_FL_STRICT=1`` makes that an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...dispatch.resolve import Resolution
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
+from ...errors import NoImplementationError, StrictModeError, Unsupported
+from ...ops.attention import NO_WINDOW, attention_layer
+from ...runtime import Runtime, get_runtime
+from ...schema import impl_fields
+from ..routing import Bridge, Forward, Handoff, LayerRouter, qualname
+
+__all__ = [
+    "BACKEND_NAME",
+    "AttentionOp",
+    "ForwardMetadata",
+    "SglangFlAttnBackend",
+    "create_backend",
+    "install",
+]
+
+BACKEND_NAME = "sglang_fl"
+
+
+class AttentionOp:
+    """The standard ops the backend runs (names as in :data:`sglang_fl.ops.STANDARD_OPS`)."""
+
+    STORE = "store_kv_cache"
+    DECODE = "decode_attention"
+    EXTEND = "extend_attention"
+    ALL = (STORE, DECODE, EXTEND)
+
+
+@dataclass(frozen=True)
+class ForwardMetadata:
+    """What every layer of one forward reads, collected once in ``init_forward_metadata``."""
+
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    extend_prefix_lens: torch.Tensor | None
+    extend_seq_lens: torch.Tensor | None
+    out_cache_loc: torch.Tensor | None
+    swa_out_cache_loc: torch.Tensor | None  # full->SWA translated slots (hybrid SWA pools)
+
+
+class _OpBridge(Bridge):
+    """Binds one attention op for one layer: the call passes the layer's stand-in first."""
+
+    engine = "SGLang"
+
+    def __init__(self, op_name: str, stand_in: Any) -> None:
+        self.op_name = op_name
+        self.stand_in = stand_in
+
+    def bind(self, layer: Any, fn: Forward, engine_forward: Forward, handoff: Handoff) -> Forward:
+        stand_in = self.stand_in
+
+        def run(*args: Any) -> Any:
+            return fn(stand_in, *args)
+
+        return run
+
+
+@dataclass
+class _LayerKernels:
+    """The bound kernels of one attention layer (``None``: SGLang's torch_native runs it)."""
+
+    store: Forward | None  # None: the pool's own set_kv_buffer writes (reported)
+    decode: Forward | None
+    extend: Forward | None
+
+
+def _layer_stand_in(layer: Any) -> Any:
+    """The attention ops' layer from a ``RadixAttention``, as torch_native reads its options."""
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    window = layer.sliding_window_size
+    causal = not (layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY)
+    return attention_layer(
+        scaling=layer.scaling if layer.scaling is not None else layer.qk_head_dim**-0.5,
+        logit_cap=float(layer.logit_cap or 0.0),
+        sliding_window_size=window if window is not None and window > NO_WINDOW else NO_WINDOW,
+        is_causal=causal,
+    )
+
+
+def _reporting_chain(
+    resolution: Resolution,
+    strict: bool,
+    on_decline: Callable[[str, str, str, Unsupported], None],
+) -> Callable[..., Any]:
+    """The op's candidates in the decision's order; a decline is reported, then the next runs.
+
+    Strict: the chosen implementation only, and a decline is a :class:`StrictModeError` naming
+    the op and the implementation (the fallback would have hidden a missing kernel).
+    """
+    decision = resolution.decision
+    op = resolution.op
+    chain = [decision.chosen, *decision.fallbacks]
+    if strict:
+        first = chain[0]
+
+        def strict_call(*args: Any) -> Any:
+            try:
+                return first.fn(*args)
+            except Unsupported as exc:
+                raise StrictModeError(
+                    f"SGLANG_FL_STRICT=1: {first.impl_id} declined a call of {op} ({exc}); "
+                    "without strict mode the next candidate would run it"
+                ) from exc
+
+        return strict_call
+    steps = tuple((impl.impl_id, impl.fn) for impl in chain)
+    head_id, head = steps[0]
+
+    def call(*args: Any) -> Any:
+        try:
+            return head(*args)
+        except Unsupported as exc:
+            declined, reason = head_id, exc
+        for impl_id, fn in steps[1:]:
+            on_decline(op, declined, impl_id, reason)
+            try:
+                return fn(*args)
+            except Unsupported as exc:
+                declined, reason = impl_id, exc
+        raise reason
+
+    return call
+
+
+class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_backend
+    """SGLang's attention backend running sglang-fl's attention ops (see the module doc)."""
+
+    def __init__(self, model_runner: Any, router: LayerRouter) -> None:
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        super().__init__()
+        self.model_runner = model_runner
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.page_size = int(getattr(model_runner, "page_size", None) or 1)
+        pool = self.token_to_kv_pool
+        self.use_sliding_window_kv_pool = isinstance(pool, SWAKVPool) and pool.swa_layer_nums > 0
+        self.router = router
+        self.runtime: Runtime = router.runtime
+        self.report: DispatchReport = router.report
+        self.forward_metadata: ForwardMetadata | None = None
+        self._layers: dict[int, _LayerKernels] = {}
+        self._resolutions: dict[str, Resolution | None] = {}
+        self._no_impl: dict[str, str] = {}  # op -> why no implementation survived
+        self._torch_native: Any = None
+        self._reported: set[tuple[str, ...]] = set()
+        self._lock = threading.Lock()
+        self.store_problem = _pool_store_problem(pool)
+
+    # --- per forward ------------------------------------------------------------------------
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        """Collect the batch's tensors once for all layers (torch_native's SWA translation)."""
+        out_cache_loc = forward_batch.out_cache_loc
+        swa_loc = None
+        if self.use_sliding_window_kv_pool and out_cache_loc is not None:
+            swa_loc = self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc)
+        self.forward_metadata = ForwardMetadata(
+            req_pool_indices=forward_batch.req_pool_indices,
+            seq_lens=forward_batch.seq_lens,
+            extend_prefix_lens=forward_batch.extend_prefix_lens,
+            extend_seq_lens=forward_batch.extend_seq_lens,
+            out_cache_loc=out_cache_loc,
+            swa_out_cache_loc=swa_loc,
+        )
+        if self._torch_native is not None:
+            self._torch_native.init_forward_metadata(forward_batch)
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        kernels = self._kernels(layer)
+        reason = self._handoff_reason(layer, forward_batch, kwargs)
+        if kernels.extend is None or reason is not None:
+            native = self._sglang(reason or "no extend_attention implementation")
+            handed: torch.Tensor = native.forward_extend(
+                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
+            )
+            return handed
+        md = self.forward_metadata
+        assert md is not None, "init_forward_metadata was not called for this forward"
+        if save_kv_cache and k is not None and v is not None:
+            self._store(kernels, layer, md, k, v)
+        heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
+        out: torch.Tensor = kernels.extend(
+            q.view(-1, heads, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            md.req_pool_indices,
+            md.seq_lens,
+            md.extend_prefix_lens,
+            md.extend_seq_lens,
+            self.page_size,
+        )
+        return out.view(-1, heads * v_dim)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        kernels = self._kernels(layer)
+        reason = self._handoff_reason(layer, forward_batch, kwargs)
+        if kernels.decode is None or reason is not None:
+            native = self._sglang(reason or "no decode_attention implementation")
+            handed: torch.Tensor = native.forward_decode(
+                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
+            )
+            return handed
+        md = self.forward_metadata
+        assert md is not None, "init_forward_metadata was not called for this forward"
+        # As torch_native: a compiled rope may hand over a 3-D q.
+        q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
+        if save_kv_cache and k is not None and v is not None:
+            self._store(kernels, layer, md, k, v)
+        heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
+        out: torch.Tensor = kernels.decode(
+            q.view(-1, heads, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            md.req_pool_indices,
+            md.seq_lens,
+            self.page_size,
+        )
+        return out.view(-1, heads * v_dim)
+
+    def support_triton(self) -> bool:
+        return False
+
+    # --- graph runners ----------------------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        raise NotImplementedError(
+            "the sglang_fl attention backend runs eagerly: its kernels come from vendor wheels "
+            "that declare nothing about graph capture (the per-request lengths are read on the "
+            "host); start SGLang with --disable-cuda-graph, or choose the vendor's own backend"
+        )
+
+    def init_cpu_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        raise NotImplementedError(
+            "the sglang_fl attention backend does not run under SGLang's CPU graph runner "
+            "(--enable-torch-compile on CPU needs sgl_kernel's AMX ops, which sglang-fl's CPU "
+            "platform does not use); run without --enable-torch-compile"
+        )
+
+    # --- binding, once per layer ------------------------------------------------------------
+
+    def _kernels(self, layer: Any) -> _LayerKernels:
+        kernels = self._layers.get(layer.layer_id)
+        if kernels is None:
+            with self._lock:
+                kernels = self._layers.get(layer.layer_id)
+                if kernels is None:
+                    kernels = self._bind_layer(layer)
+                    self._layers[layer.layer_id] = kernels
+        return kernels
+
+    def _bind_layer(self, layer: Any) -> _LayerKernels:
+        stand_in = _layer_stand_in(layer)
+        bound: dict[str, Forward | None] = {}
+        for op_name in AttentionOp.ALL:
+            resolution = self._resolution(op_name)
+            fields: dict[str, Any] = {
+                # RadixAttention[<op>]: the verify label too; one layer runs three ops, and
+                # readers keyed by ``layer`` (one row per layer class) keep all three.
+                "layer": _op_label(layer, op_name),
+                "layer_id": layer.layer_id,
+                "op": op_name,
+                "attention_backend": BACKEND_NAME,
+            }
+            reason = None
+            if op_name == AttentionOp.STORE and self.store_problem is not None:
+                reason = self.store_problem
+            elif resolution is None:
+                reason = self._no_impl[op_name]
+            if reason is not None:
+                bound[op_name] = None
+                self.report.emit(
+                    ReportEvent.LAYER,
+                    runner=Runner.SGLANG,
+                    reason=reason,
+                    sglang_forward="TorchNativeAttnBackend",
+                    **fields,
+                )
+                continue
+            assert resolution is not None
+            bound[op_name] = self._bind_op(layer, op_name, stand_in, resolution)
+            decision = resolution.decision
+            self.report.emit(
+                ReportEvent.LAYER,
+                runner=Runner.SGLANG_FL,
+                fallbacks=[impl.impl_id for impl in decision.fallbacks],
+                **impl_fields(decision.chosen),
+                **fields,
+            )
+        return _LayerKernels(
+            store=bound[AttentionOp.STORE],
+            decode=bound[AttentionOp.DECODE],
+            extend=bound[AttentionOp.EXTEND],
+        )
+
+    def _resolution(self, op_name: str) -> Resolution | None:
+        if op_name in self._resolutions:
+            return self._resolutions[op_name]
+        resolution: Resolution | None
+        try:
+            resolved = self.runtime.resolve(op_name)
+        except NoImplementationError as exc:
+            if self.runtime.config.strict:
+                raise
+            self._no_impl[op_name] = f"{exc}; left to SGLang's torch_native"
+            resolution = None
+        else:
+            chain = _reporting_chain(resolved, self.runtime.config.strict, self._declined)
+            resolution = dataclasses.replace(resolved, fn=chain)
+        self._resolutions[op_name] = resolution
+        return resolution
+
+    def _bind_op(self, layer: Any, op_name: str, stand_in: Any, resolution: Resolution) -> Forward:
+        bridge = _OpBridge(op_name, stand_in)
+        label = _op_label(layer, op_name)  # a verify budget per op, not one shared by the class
+        return self.router._bind(layer, bridge, resolution, _unreachable(op_name), label)
+
+    def _declined(self, op_name: str, impl_id: str, next_id: str, exc: Unsupported) -> None:
+        """Report, once per implementation and reason, that a call went to the next one."""
+        self._report_once(
+            ReportEvent.FALLBACK,
+            impl_id,
+            str(exc),
+            op=op_name,
+            impl_id=impl_id,
+            next_impl_id=next_id,
+            reason=str(exc),
+            runner=Runner.SGLANG_FL,
+        )
+
+    # --- the store step ---------------------------------------------------------------------
+
+    def _store(
+        self,
+        kernels: _LayerKernels,
+        layer: Any,
+        md: ForwardMetadata,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        loc = md.out_cache_loc
+        pool = self.token_to_kv_pool
+        if kernels.store is None:
+            pool.set_kv_buffer(layer, KVWriteLoc(loc, md.swa_out_cache_loc), k, v)
+            return
+        if self.use_sliding_window_kv_pool and pool.layers_mapping[layer.layer_id][1]:
+            loc = md.swa_out_cache_loc
+        kernels.store(
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            loc,
+            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+            v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+        )
+
+    # --- SGLang's own backend, for what the ops do not cover ---------------------------------
+
+    def _handoff_reason(self, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> str | None:
+        if layer.is_cross_attention or forward_batch.encoder_lens is not None:
+            return "cross-attention and encoder-decoder batches are not in the attention ops"
+        if kwargs:
+            return f"attention arguments the ops do not take: {sorted(kwargs)}"
+        return None
+
+    def _sglang(self, reason: str) -> Any:
+        self._report_once(
+            ReportEvent.HANDOFF,
+            "handoff",
+            reason,
+            layer="sglang.srt.layers.radix_attention.RadixAttention",
+            runner=Runner.SGLANG,
+            sglang_forward="TorchNativeAttnBackend",
+            reason=reason,
+            attention_backend=BACKEND_NAME,
+        )
+        if self._torch_native is None:
+            from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+            self._torch_native = TorchNativeAttnBackend(self.model_runner)
+            if self.forward_metadata is not None:
+                self._torch_native.swa_out_cache_loc = self.forward_metadata.swa_out_cache_loc
+        return self._torch_native
+
+    def _report_once(self, event: ReportEvent, *key: str, **fields: Any) -> None:
+        marker = (str(event), *key)
+        if marker in self._reported:
+            return
+        with self._lock:
+            if marker in self._reported:
+                return
+            self._reported.add(marker)
+        self.report.emit(event, **fields)
+
+
+def _op_label(layer: Any, op_name: str) -> str:
+    """``sglang.srt.layers.radix_attention.RadixAttention[decode_attention]``."""
+    return f"{qualname(type(layer))}[{op_name}]"
+
+
+def _unreachable(op_name: str) -> Forward:
+    def sglang_forward(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{op_name}: the attention bridges never hand a call back")
+
+    return sglang_forward
+
+
+def _pool_store_problem(pool: Any) -> str | None:
+    """Why ``store_kv_cache`` cannot write this KV pool (SGLang's writer then runs), or None."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    pools = [pool.full_kv_pool, pool.swa_kv_pool] if isinstance(pool, SWAKVPool) else [pool]
+    for sub in pools:
+        if type(sub) is not MHATokenToKVPool:
+            return f"the KV pool {type(sub).__name__} is not the token-level MHA pool"
+        if sub.is_quantized_kv_cache or sub.store_dtype != sub.dtype:
+            return f"the KV pool stores {sub.store_dtype} for {sub.dtype} (quantized)"
+        if getattr(sub, "use_hnd", False) or getattr(sub, "kv_cache_layout", None) not in (
+            None,
+            "nhd",
+            "NHD",
+        ):
+            return "the KV pool's layout is not token-major (HND or 5-D)"
+    return None
+
+
+def _backend_class() -> type:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    return type("SglangFlAttnBackend", (SglangFlAttnBackend, AttentionBackend), {})
+
+
+_cls: type | None = None
+
+
+def create_backend(model_runner: Any) -> Any:
+    """``ATTENTION_BACKENDS["sglang_fl"]``: SGLang calls it once per model runner."""
+    global _cls
+    from .plugin import get_router
+
+    if _cls is None:
+        _cls = _backend_class()
+    router = get_router() or _private_router(get_runtime())
+    return _cls(model_runner, router)
+
+
+def _private_router(runtime: Runtime) -> LayerRouter:
+    """A router for a process SGLang loaded no plugins in (a backend built by hand)."""
+    report = DispatchReport(runtime.config.dispatch_log)
+    return LayerRouter({}, {}, runtime, report, Runner.SGLANG, "SGLang")
+
+
+def install() -> None:
+    """Register ``sglang_fl`` in SGLang's attention registry and CLI choices (idempotent)."""
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
+    from sglang.srt.layers.attention.attention_registry import (
+        ATTENTION_BACKENDS,
+        register_attention_backend,
+    )
+
+    if BACKEND_NAME not in ATTENTION_BACKENDS:
+        register_attention_backend(BACKEND_NAME)(create_backend)
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
