@@ -15,6 +15,7 @@ from .gelu_quick import CONTRACT as GELU_QUICK
 from .gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
 from .kernel_functions import FUSED_GATE_SIGMOID_MUL
 from .layer_norm import CONTRACT as LAYER_NORM
+from .linear_attention import LINEAR_ATTENTION_OPS
 from .moe import FUSED_MOE, TOPK
 from .mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
 from .rms_norm import CONTRACT as RMS_NORM
@@ -48,6 +49,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             TOPK,
             FUSED_MOE,
             FUSED_GATE_SIGMOID_MUL,
+            *LINEAR_ATTENTION_OPS,
         )
     }
 )

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -89,6 +92,51 @@ def activate() -> str | None:
     return CPU_PLATFORM
 
 
+def device_module_without_accelerator() -> None:
+    """Make ``torch.get_device_module()`` answer ``torch.cpu`` when no accelerator is present.
+
+    torch documents that call as "the module for the current accelerator or CPU if none is
+    present", but a CUDA build (SGLang pins one) names ``torch.cuda`` on a machine without a
+    GPU, and SGLang's Qwen3-Next builds its gated norms with
+    ``device=torch.get_device_module().current_device()``, which then fails with "Found no
+    NVIDIA driver". Installed only in processes running sglang-fl's CPU platform and only while
+    torch sees no accelerator; an explicit ``device`` argument is passed through unchanged.
+    """
+    if torch.accelerator.is_available() or getattr(torch.get_device_module, "_sglang_fl", False):
+        return
+    original = torch.get_device_module
+
+    def get_device_module(device: torch.device | str | None = None) -> types.ModuleType:
+        module: types.ModuleType = original("cpu" if device is None else device)
+        return module
+
+    get_device_module._sglang_fl = True  # type: ignore[attr-defined]
+    torch.get_device_module = get_device_module  # type: ignore[assignment]
+
+
+PREPARE_FOR_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
+
+
+def pageable_when_unpinnable(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on ``ScheduleBatch.prepare_for_decode`` where no accelerator is present.
+
+    With the hybrid models' radix cache (``extra_buffer``) SGLang 0.5.23 stages the decode
+    tracking mask with ``tensor.pin_memory()`` unconditionally (``schedule_batch.py``), which
+    fails where nothing can pin memory; every other staging site asks
+    ``is_pin_memory_available()`` first, which this platform answers ``False``. For the
+    duration of the call, ``pin_memory()`` returns the (pageable) tensor itself: the same data,
+    as ``.to(device, non_blocking=True)`` on a CPU then is a plain copy.
+    """
+    if torch.accelerator.is_available():
+        return original(*args, **kwargs)
+    pin = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        return original(*args, **kwargs)
+    finally:
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
+
+
 def _platform_base() -> type:
     from sglang.srt.platforms.cpu import CpuSRTPlatform
 
@@ -119,3 +167,17 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
 
     def get_default_attention_backend(self) -> str:
         return "torch_native"
+
+    def init_backend(self) -> None:
+        """Per worker, before the model is built: see :func:`device_module_without_accelerator`."""
+        super().init_backend()
+        device_module_without_accelerator()
+
+    def support_mamba_cache_extra_buffer(self) -> bool:
+        """Hybrid models' radix cache (``extra_buffer``) snapshots linear-attention states.
+
+        SGLang asks out-of-tree platforms (``arg_groups/mamba_hook.py``). The snapshots are
+        plain indexed copies of the state pools plus the per-chunk states ``h`` that
+        ``chunk_gated_delta_rule`` returns; sglang-fl's GDN ops provide both on any device.
+        """
+        return True

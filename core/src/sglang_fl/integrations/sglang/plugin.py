@@ -26,6 +26,7 @@ from ..routing import Forward, LayerRouter
 from .bridges import BRIDGES
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
+from .linear_attention import route_linear_attention
 
 __all__ = ["Router", "get_router", "register"]
 
@@ -72,6 +73,7 @@ def register() -> None:
         router = Router(api, runtime, report)
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
         route_kernel_functions(api, runtime, report)
+        route_linear_attention(api, runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,
