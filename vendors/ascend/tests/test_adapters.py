@@ -17,6 +17,7 @@ import pytest
 import torch
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, rms_norm
 from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
@@ -38,7 +39,12 @@ CASES = [
 # torch_npu has no operator of its own for these: SGLang's forward_npu runs forward_native
 # (LayerNorm) or has no NPU path (ClampPositionOp, Qwen2-MoE's gate function); the reference
 # runs on torch_npu's aten ops.
-WITHOUT_OPERATOR = {"layer_norm", "clamp_position", "fused_gate_sigmoid_mul"}
+WITHOUT_OPERATOR = {
+    "layer_norm",
+    "clamp_position",
+    "fused_gate_sigmoid_mul",
+    *LINEAR_ATTENTION_NO_KERNEL,  # the GDN family: no torch_npu operator
+}
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).

@@ -6,6 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import AscendBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
@@ -15,6 +16,7 @@ NO_KERNEL = {
     "layer_norm": "torch_npu has no layer norm operator (SGLang's forward_npu is forward_native)",
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
+    **LINEAR_ATTENTION_NO_KERNEL,
 }
 
 

@@ -6,6 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import CudaBackend
 from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import rotary_embedding
@@ -18,6 +19,7 @@ NO_KERNEL = {
     "mrotary_embedding": "sgl_kernel has no mrope kernel (SGLang's forward_cuda uses Triton)",
     "clamp_position": "sgl_kernel has none (SGLang's is a JIT kernel in sglang.kernels)",
     "fused_gate_sigmoid_mul": "sgl_kernel has none (SGLang's own Triton kernel stays in place)",
+    **LINEAR_ATTENTION_NO_KERNEL,
 }
 
 

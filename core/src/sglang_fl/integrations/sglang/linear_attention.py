@@ -32,7 +32,6 @@ from ...runtime import Runtime
 from ...schema import impl_fields
 from .compat import SglangApi
 from .kernel_functions import triton_driver_active
-from .platform import PREPARE_FOR_DECODE, pageable_when_unpinnable
 
 __all__ = ["GDN_ROUTES", "GdnRoute", "route_linear_attention"]
 
@@ -439,6 +438,29 @@ def _reporting_chain(route: GdnRoute, chain: list[OpImpl], report: DispatchRepor
 
     call.__name__ = f"{route.op_name}_via_{steps[0][0]}"
     return call
+
+
+PREPARE_FOR_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
+
+
+def pageable_when_unpinnable(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on ``ScheduleBatch.prepare_for_decode`` where no accelerator is present.
+
+    With the hybrid models' radix cache (``extra_buffer``) SGLang 0.5.23 stages the decode
+    tracking mask with ``tensor.pin_memory()`` unconditionally (``schedule_batch.py``), which
+    fails where nothing can pin memory; every other staging site asks
+    ``is_pin_memory_available()`` first, which this platform answers ``False``. For the
+    duration of the call, ``pin_memory()`` returns the (pageable) tensor itself: the same data,
+    as ``.to(device, non_blocking=True)`` on a CPU then is a plain copy.
+    """
+    if torch.accelerator.is_available():
+        return original(*args, **kwargs)
+    pin = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        return original(*args, **kwargs)
+    finally:
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
 
 
 def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import types
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -112,29 +110,6 @@ def device_module_without_accelerator() -> None:
 
     get_device_module._sglang_fl = True  # type: ignore[attr-defined]
     torch.get_device_module = get_device_module  # type: ignore[assignment]
-
-
-PREPARE_FOR_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
-
-
-def pageable_when_unpinnable(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook on ``ScheduleBatch.prepare_for_decode`` where no accelerator is present.
-
-    With the hybrid models' radix cache (``extra_buffer``) SGLang 0.5.23 stages the decode
-    tracking mask with ``tensor.pin_memory()`` unconditionally (``schedule_batch.py``), which
-    fails where nothing can pin memory; every other staging site asks
-    ``is_pin_memory_available()`` first, which this platform answers ``False``. For the
-    duration of the call, ``pin_memory()`` returns the (pageable) tensor itself: the same data,
-    as ``.to(device, non_blocking=True)`` on a CPU then is a plain copy.
-    """
-    if torch.accelerator.is_available():
-        return original(*args, **kwargs)
-    pin = torch.Tensor.pin_memory
-    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
-    try:
-        return original(*args, **kwargs)
-    finally:
-        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
 
 
 def _platform_base() -> type:
