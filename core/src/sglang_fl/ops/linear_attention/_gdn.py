@@ -156,13 +156,15 @@ def chunked_sequence(
         g = F.pad(g, (0, 0, 0, pad))
         beta = F.pad(beta, (0, 0, 0, pad))
     # [HV, N, C, D]: heads and chunks batched, tokens of one chunk in the rows.
-    q, k, v = (x.reshape(chunks, chunk_size, heads, -1).permute(2, 0, 1, 3) for x in (q, k, v))
+    q, k, v = (
+        x.reshape(chunks, chunk_size, heads, -1).permute(2, 0, 1, 3).contiguous() for x in (q, k, v)
+    )
     g = g.reshape(chunks, chunk_size, heads).permute(2, 0, 1).cumsum(dim=-1)
     beta = beta.reshape(chunks, chunk_size, heads).permute(2, 0, 1)
 
     lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
     gap = g[..., :, None] - g[..., None, :]
-    decay = torch.where(lower, gap, torch.full_like(gap, float("-inf"))).exp()  # [HV,N,C,C]
+    decay = gap.masked_fill(~lower, float("-inf")).exp()  # [HV, N, C, C], 0 above
     kk = k @ k.transpose(-1, -2)
     system = (beta[..., None] * kk * decay).tril(-1) + torch.eye(chunk_size, device=k.device)
     k_beta_decayed = beta[..., None] * torch.exp(g)[..., None] * k  # [HV, N, C, K]
@@ -176,9 +178,10 @@ def chunked_sequence(
 
     out = torch.empty(heads, chunks, chunk_size, dv, dtype=torch.float32, device=k.device)
     states = torch.empty(chunks, heads, dv, dk, dtype=torch.float32, device=k.device)
+    u, w = u.contiguous(), w.contiguous()
     for c in range(chunks):
         states[c] = state
-        s_t = state.transpose(-1, -2)  # [HV, K, V]
+        s_t = state.transpose(-1, -2).contiguous()  # [HV, K, V]
         new_v = u[:, c] - w[:, c] @ s_t  # [HV, C, V]
         out[:, c] = q_decayed[:, c] @ s_t + attend[:, c] @ new_v
         state = (
