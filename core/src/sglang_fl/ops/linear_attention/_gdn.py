@@ -118,10 +118,10 @@ def recurrent_step(
     ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]``.
     """
     state = state * torch.exp(g)[..., None, None]
-    read = torch.einsum("bhvk,bhk->bhv", state, k)
+    read = (state @ k.unsqueeze(-1)).squeeze(-1)
     delta = (v - read) * beta[..., None]
-    state = state + delta[..., :, None] * k[..., None, :]
-    return torch.einsum("bhvk,bhk->bhv", state, q), state
+    state = state + delta.unsqueeze(-1) * k.unsqueeze(-2)
+    return (state @ q.unsqueeze(-1)).squeeze(-1), state
 
 
 def chunked_sequence(

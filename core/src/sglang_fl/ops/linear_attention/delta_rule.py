@@ -282,11 +282,16 @@ def fused_recurrent_gated_delta_rule_packed_decode(
         )
     slots = check_state_indices(op, ssm_state_indices, initial_state.shape[0])
     live = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID]
+    if len(live) == batch:  # no padding row (the common case): no row gathers
+        rows = None
+        where = ssm_state_indices.to(device=initial_state.device, dtype=torch.int64)
+        packed, a_live, b_live = mixed_qkv, a, b
+    elif live:
+        rows = torch.tensor(live, device=mixed_qkv.device)
+        where = torch.tensor([slots[i] for i in live], device=initial_state.device)
+        packed, a_live, b_live = mixed_qkv[rows], a[rows], b[rows]
     result = torch.zeros(batch, heads_v, dv, dtype=torch.float32, device=out.device)
     if live:
-        rows = torch.tensor(live, device=mixed_qkv.device)
-        where = torch.tensor([slots[i] for i in live], device=mixed_qkv.device)
-        packed = mixed_qkv[rows]
         q, k, v = torch.split(packed, [heads_qk * dk, heads_qk * dk, heads_v * dv], dim=-1)
         qf, kf, vf = prepare_qkv(
             op,
@@ -296,11 +301,15 @@ def fused_recurrent_gated_delta_rule_packed_decode(
             scale,
             use_qk_l2norm_in_kernel,
         )
-        g = gdn_decay(A_log, a[rows], dt_bias)
-        beta = torch.sigmoid(b[rows].float()).to(b.dtype).float()
-        o, new = recurrent_step(initial_state[where].float(), qf, kf, vf, g, beta)
-        initial_state[where] = new.to(initial_state.dtype)
-        result[rows] = o
+        g = gdn_decay(A_log, a_live, dt_bias)
+        beta = torch.sigmoid(b_live.float()).to(b.dtype).float()
+        state = initial_state.index_select(0, where).float()
+        o, new = recurrent_step(state, qf, kf, vf, g, beta)
+        initial_state.index_copy_(0, where, new.to(initial_state.dtype))
+        if rows is None:
+            result = o
+        else:
+            result[rows] = o
     out.copy_(result.unsqueeze(1))
     return out, initial_state
 
