@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timing import Call, interleaved
@@ -74,43 +75,58 @@ def decode_calls(lengths: tuple[int, ...]) -> dict[str, Call]:
 
 
 def versus_transformers(tokens: int) -> dict[str, Call]:
+    """The same work on both sides: transformers' variants also expand the key heads and, for
+    decode, split the packed projection and form the gates, as its ``Qwen3NextGatedDeltaNet``
+    does around these functions."""
     from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
     gen = torch.Generator().manual_seed(2)
     q, k, v, g, beta = _inputs(tokens, gen)
-    qe, ke = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    rep = HV // H
+
+    def hf_prefill() -> object:
+        qe, ke = (x.repeat_interleave(rep, dim=2) for x in (q, k))
+        return hf.torch_chunk_gated_delta_rule(
+            qe, ke, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
+
     chunk = get_contract("chunk_gated_delta_rule").reference
     pool = torch.zeros(1, HV, V, K)
-    step = _inputs(1, gen)
-    qs, ks = (x.repeat_interleave(HV // H, dim=2) for x in step[:2])
-    state_hf = torch.zeros(1, HV, K, V)
-    packed = get_contract("fused_recurrent_gated_delta_rule_packed_decode").reference
-    mixed = torch.cat([x.reshape(1, -1) for x in step[:3]], dim=-1)
+    prefill_args = (
+        None,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        None,
+        pool,
+        torch.tensor([0]),
+        torch.tensor([0, tokens]),
+    )
+
+    mixed = torch.randn(1, 2 * H * K + HV * V, generator=gen)
     a, b = torch.randn(1, HV, generator=gen), torch.randn(1, HV, generator=gen)
+    A_log, dt_bias = torch.zeros(HV), torch.zeros(HV)
+    state_hf = torch.zeros(1, HV, K, V)
+
+    def hf_decode() -> object:
+        qs, ks, vs = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+        qs, ks = (x.reshape(1, 1, H, K).repeat_interleave(rep, dim=2) for x in (qs, ks))
+        gs = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+        return hf.torch_recurrent_gated_delta_rule(
+            qs, ks, vs.reshape(1, 1, HV, V), gs.unsqueeze(0), b.sigmoid().unsqueeze(0),
+            initial_state=state_hf, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+
+    packed = get_contract("fused_recurrent_gated_delta_rule_packed_decode").reference
     dpool, out = torch.zeros(1, HV, V, K), torch.empty(1, 1, HV, V)
-    zeros = torch.zeros(HV)
-    decode_args = (None, mixed, a, b, zeros, zeros, K**-0.5, dpool, out, torch.tensor([0]), True)
+    decode_args = (None, mixed, a, b, A_log, dt_bias, K**-0.5, dpool, out, torch.tensor([0]), True)
     return {
-        f"reference prefill {tokens}": Call(
-            chunk,
-            (None, q, k, v, g, beta, None, pool, torch.tensor([0]), torch.tensor([0, tokens])),
-            {"use_qk_l2norm_in_kernel": True},
-        ),
-        f"transformers prefill {tokens}": Call(
-            hf.torch_chunk_gated_delta_rule,
-            (qe, ke, v, g, beta),
-            {"output_final_state": True, "use_qk_l2norm_in_kernel": True},
-        ),
+        f"reference prefill {tokens}": Call(chunk, prefill_args, {"use_qk_l2norm_in_kernel": True}),
+        f"transformers prefill {tokens}": Call(hf_prefill),
         "reference decode step": Call(packed, decode_args),
-        "transformers decode step": Call(
-            hf.torch_recurrent_gated_delta_rule,
-            (qs, ks, step[2], step[3], step[4]),
-            {
-                "initial_state": state_hf,
-                "output_final_state": True,
-                "use_qk_l2norm_in_kernel": True,
-            },
-        ),
+        "transformers decode step": Call(hf_decode),
     }
 
 

@@ -117,10 +117,10 @@ def recurrent_step(
     ``state`` ``[B, HV, V, K]``, ``q``/``k`` ``[B, HV, K]`` (q already scaled), ``v``
     ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]``.
     """
-    state = state * torch.exp(g)[..., None, None]
+    state = state * torch.exp(g)[..., None, None]  # a new tensor: the caller's is not written
     read = (state @ k.unsqueeze(-1)).squeeze(-1)
     delta = (v - read) * beta[..., None]
-    state = state + delta.unsqueeze(-1) * k.unsqueeze(-2)
+    state.addcmul_(delta.unsqueeze(-1), k.unsqueeze(-2))
     return (state @ q.unsqueeze(-1)).squeeze(-1), state
 
 
