@@ -22,6 +22,7 @@ from ._gdn import (
     check_state_indices,
     chunked_sequence,
     gdn_decay,
+    l2norm,
     prepare_qkv,
     recurrent_step,
     sequence_bounds,
@@ -292,20 +293,20 @@ def fused_recurrent_gated_delta_rule_packed_decode(
         packed, a_live, b_live = mixed_qkv[rows], a[rows], b[rows]
     result = torch.zeros(batch, heads_v, dv, dtype=torch.float32, device=out.device)
     if live:
-        q, k, v = torch.split(packed, [heads_qk * dk, heads_qk * dk, heads_v * dv], dim=-1)
-        qf, kf, vf = prepare_qkv(
-            op,
-            q.reshape(len(live), heads_qk, dk),
-            k.reshape(len(live), heads_qk, dk),
-            v.reshape(len(live), heads_v, dv),
-            scale,
-            use_qk_l2norm_in_kernel,
-        )
-        g = gdn_decay(A_log, a_live, dt_bias)
-        beta = torch.sigmoid(b_live.float()).to(b.dtype).float()
+        # Grouped, not expanded: value heads [H, r] share their key head's q and k by
+        # broadcasting (value head i reads key head i // r), one L2 norm for q and k together.
+        n, r = len(live), heads_v // heads_qk
+        qk = packed[:, : 2 * heads_qk * dk].reshape(n, 2, heads_qk, 1, dk).float()
+        if use_qk_l2norm_in_kernel:
+            qk = l2norm(qk)
+        q, k = qk[:, 0] * scale, qk[:, 1]  # [n, H, 1, K]
+        v = packed[:, 2 * heads_qk * dk :].reshape(n, heads_qk, r, dv).float()
+        g = gdn_decay(A_log, a_live, dt_bias).reshape(n, heads_qk, r)
+        beta = torch.sigmoid(b_live.float()).to(b.dtype).float().reshape(n, heads_qk, r)
         state = initial_state.index_select(0, where).float()
-        o, new = recurrent_step(state, qf, kf, vf, g, beta)
-        initial_state.index_copy_(0, where, new.to(initial_state.dtype))
+        o, new = recurrent_step(state.view(n, heads_qk, r, dv, dk), q, k, v, g, beta)
+        initial_state.index_copy_(0, where, new.reshape(n, heads_v, dv, dk).to(initial_state.dtype))
+        o = o.reshape(n, heads_v, dv)
         if rows is None:
             result = o
         else:
