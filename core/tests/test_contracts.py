@@ -28,6 +28,16 @@ def test_standard_ops_are_the_design_set():
         "store_kv_cache",
         "decode_attention",
         "extend_attention",
+        "fused_qkvzba_split_reshape_cat",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+        "fused_gdn_gating",
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule_packed_decode",
+        "fused_sigmoid_gating_delta_rule_update",
+        "rms_norm_gated",
+        "track_mamba_states",
     ]
 
 

@@ -22,6 +22,7 @@ EXPECTED_FILES = [
     "src/sglang_fl_acme_npu/impl/__init__.py",
     "src/sglang_fl_acme_npu/impl/activation.py",
     "src/sglang_fl_acme_npu/impl/attention.py",
+    "src/sglang_fl_acme_npu/impl/linear_attention.py",
     "src/sglang_fl_acme_npu/impl/moe.py",
     "src/sglang_fl_acme_npu/impl/normalization.py",
     "src/sglang_fl_acme_npu/impl/rotary.py",
@@ -91,7 +92,8 @@ def test_render_substitutes_everywhere(tmp_path: Path) -> None:
 
 def test_stubs_raise_unsupported(tmp_path: Path) -> None:
     render(VendorNames.parse("acme_npu"), tmp_path)
-    for module in ("activation", "attention", "normalization", "rotary", "moe"):
+    modules = ("activation", "attention", "normalization", "rotary", "moe", "linear_attention")
+    for module in modules:
         source = (tmp_path / f"src/sglang_fl_acme_npu/impl/{module}.py").read_text()
         assert "raise Unsupported(" in source
 

@@ -24,6 +24,8 @@ ARCHITECTURES = (
     "qwen2_moe",
     "qwen3",
     "gemma3_swa",
+    "qwen3_next",
+    "qwen3_next_r3",
 )
 # MoE architectures: 8 experts, 2 per token, small expert MLPs.
 NUM_EXPERTS = 8
@@ -150,6 +152,30 @@ def _config(
             shared_expert_intermediate_size=2 * hidden_size,
             norm_topk_prob=False,
             use_sliding_window=False,
+        )
+    if arch.startswith("qwen3_next"):
+        # Hybrid: a gated-delta-rule (linear attention) layer, then a full attention layer.
+        # Key/value heads 2/4 (ratio 2: SGLang's fused split path) or 1/3 (ratio 3: its
+        # torch reshuffle path).
+        from transformers import Qwen3NextConfig
+
+        key_heads, value_heads = (1, 3) if arch == "qwen3_next_r3" else (2, 4)
+        return Qwen3NextConfig(
+            **common,
+            **moe,
+            head_dim=hidden_size // 4,
+            num_experts=NUM_EXPERTS,
+            moe_intermediate_size=hidden_size,
+            shared_expert_intermediate_size=2 * hidden_size,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            full_attention_interval=NUM_LAYERS,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=key_heads,
+            linear_num_value_heads=value_heads,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
         )
     raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
 

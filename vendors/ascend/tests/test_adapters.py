@@ -18,6 +18,7 @@ import torch
 from sglang_fl_ascend import backend, plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
@@ -37,6 +38,8 @@ REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_c
 WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
 # Declared too, until this wheel has adapters for torch_npu's attention operators.
 WITHOUT_OPERATOR |= {"store_kv_cache", "decode_attention", "extend_attention"}
+# The GDN family: no torch_npu operator.
+WITHOUT_OPERATOR |= set(LINEAR_ATTENTION_NO_KERNEL)
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).

@@ -18,6 +18,7 @@ import torch
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
+from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
 from sglang_fl_cuda.impl.rotary import rotary_embedding
@@ -45,6 +46,7 @@ WITHOUT_KERNEL = {
     "store_kv_cache",
     "decode_attention",
     "extend_attention",
+    *LINEAR_ATTENTION_NO_KERNEL,  # SGLang's own Triton GDN kernels stay in place
 }
 
 

@@ -21,6 +21,7 @@ from .attention import DECODE_ATTENTION, EXTEND_ATTENTION, STORE_KV_CACHE
 from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
+from .linear_attention import LINEAR_ATTENTION_OPS
 from .moe import FUSED_MOE, TOPK
 from .normalization.gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
 from .normalization.layer_norm import CONTRACT as LAYER_NORM
@@ -58,6 +59,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             STORE_KV_CACHE,
             DECODE_ATTENTION,
             EXTEND_ATTENTION,
+            *LINEAR_ATTENTION_OPS,
         )
     }
 )

@@ -20,7 +20,7 @@ import torch
 
 from .._strenum import StrEnum
 
-__all__ = ["GRAPH_SPECS", "FieldType", "GraphSpec", "LayerField"]
+__all__ = ["GRAPH_SPECS", "WITHOUT_GRAPH_SPEC", "FieldType", "GraphSpec", "LayerField"]
 
 
 class FieldType(StrEnum):
@@ -165,5 +165,29 @@ GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
         "store_kv_cache": GraphSpec(_fields(), mutates=("k_cache", "v_cache")),
         "decode_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
         "extend_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
+    }
+)
+
+# Standard ops with no custom-op form yet, and why: they are routed only as SGLang kernel
+# functions (integrations/sglang/linear_attention.py), which never wrap them as custom ops.
+_GDN = (
+    "gated-delta-rule family: SGLang runs its GDN path eagerly (no compiled or captured graph on "
+    "the platforms sglang-fl serves it on), and the references read index values on the host"
+)
+WITHOUT_GRAPH_SPEC: Mapping[str, str] = MappingProxyType(
+    {
+        op: _GDN
+        for op in (
+            "fused_qkvzba_split_reshape_cat",
+            "causal_conv1d_fn",
+            "causal_conv1d_update",
+            "fused_gdn_gating",
+            "chunk_gated_delta_rule",
+            "fused_recurrent_gated_delta_rule",
+            "fused_recurrent_gated_delta_rule_packed_decode",
+            "fused_sigmoid_gating_delta_rule_update",
+            "rms_norm_gated",
+            "track_mamba_states",
+        )
     }
 )

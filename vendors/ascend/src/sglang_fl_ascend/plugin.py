@@ -6,6 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import AscendBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
@@ -21,6 +22,7 @@ NO_KERNEL = {
         "no adapter in this wheel yet for torch_npu's attention operators "
         "(_npu_reshape_and_cache, npu_fused_infer_attention_score)",
     ),
+    **LINEAR_ATTENTION_NO_KERNEL,
 }
 
 

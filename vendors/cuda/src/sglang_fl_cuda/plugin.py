@@ -6,6 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import CudaBackend
 from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
 from .impl.rotary import rotary_embedding
@@ -24,6 +25,7 @@ NO_KERNEL = {
         ("store_kv_cache", "decode_attention", "extend_attention"),
         "no adapter in this wheel yet for FlashInfer's / sgl_kernel's attention kernels",
     ),
+    **LINEAR_ATTENTION_NO_KERNEL,
 }
 
 

@@ -5,11 +5,26 @@ from __future__ import annotations
 from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import TemplateBackend
+from .impl import linear_attention
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import clamp_position, decode_attention, extend_attention, store_kv_cache
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
+
+# The gated-delta-rule family (impl/linear_attention.py), one stub per op.
+LINEAR_ATTENTION = (
+    "fused_qkvzba_split_reshape_cat",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "fused_gdn_gating",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_packed_decode",
+    "fused_sigmoid_gating_delta_rule_update",
+    "rms_norm_gated",
+    "track_mamba_states",
+)
 
 
 @hookimpl
@@ -36,6 +51,9 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "extend_attention": extend_attention,
             }
         )
+    )
+    registry.register_many(
+        backend.implementations({op: getattr(linear_attention, op) for op in LINEAR_ATTENTION})
     )
 
 

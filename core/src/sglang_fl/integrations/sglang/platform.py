@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import types
 
 import torch
 
@@ -89,6 +90,28 @@ def activate() -> str | None:
     return CPU_PLATFORM
 
 
+def device_module_without_accelerator() -> None:
+    """Make ``torch.get_device_module()`` answer ``torch.cpu`` when no accelerator is present.
+
+    torch documents that call as "the module for the current accelerator or CPU if none is
+    present", but a CUDA build (SGLang pins one) names ``torch.cuda`` on a machine without a
+    GPU, and SGLang's Qwen3-Next builds its gated norms with
+    ``device=torch.get_device_module().current_device()``, which then fails with "Found no
+    NVIDIA driver". Installed only in processes running sglang-fl's CPU platform and only while
+    torch sees no accelerator; an explicit ``device`` argument is passed through unchanged.
+    """
+    if torch.accelerator.is_available() or getattr(torch.get_device_module, "_sglang_fl", False):
+        return
+    original = torch.get_device_module
+
+    def get_device_module(device: torch.device | str | None = None) -> types.ModuleType:
+        module: types.ModuleType = original("cpu" if device is None else device)
+        return module
+
+    get_device_module._sglang_fl = True  # type: ignore[attr-defined]
+    torch.get_device_module = get_device_module  # type: ignore[assignment]
+
+
 def _platform_base() -> type:
     from sglang.srt.platforms.cpu import CpuSRTPlatform
 
@@ -120,3 +143,17 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
     def get_default_attention_backend(self) -> str:
         """sglang-fl's attention backend: the attention ops, run by the policy's kernels."""
         return "sglang_fl"  # attention_backend.BACKEND_NAME (no import: loaded by SGLang early)
+
+    def init_backend(self) -> None:
+        """Per worker, before the model is built: see :func:`device_module_without_accelerator`."""
+        super().init_backend()
+        device_module_without_accelerator()
+
+    def support_mamba_cache_extra_buffer(self) -> bool:
+        """Hybrid models' radix cache (``extra_buffer``) snapshots linear-attention states.
+
+        SGLang asks out-of-tree platforms (``arg_groups/mamba_hook.py``). The snapshots are
+        plain indexed copies of the state pools plus the per-chunk states ``h`` that
+        ``chunk_gated_delta_rule`` returns; sglang-fl's GDN ops provide both on any device.
+        """
+        return True

@@ -27,6 +27,7 @@ from . import attention_backend
 from .bridges import BRIDGES
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
+from .linear_attention import route_linear_attention
 
 __all__ = ["Router", "get_router", "register"]
 
@@ -74,6 +75,7 @@ def register() -> None:
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
         route_kernel_functions(api, runtime, report)
         attention_backend.install()
+        route_linear_attention(api, runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,
