@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 from ..errors import UnknownOpError
 from .clamp_position import CONTRACT as CLAMP_POSITION
+from .collectives import COLLECTIVES
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .gelu_and_mul import CONTRACT as GELU_AND_MUL
 from .gelu_new import CONTRACT as GELU_NEW
@@ -48,6 +49,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             TOPK,
             FUSED_MOE,
             FUSED_GATE_SIGMOID_MUL,
+            *COLLECTIVES,
         )
     }
 )

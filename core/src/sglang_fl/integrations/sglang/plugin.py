@@ -24,6 +24,7 @@ from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...runtime import Runtime, get_runtime
 from ..routing import Forward, LayerRouter
 from .bridges import BRIDGES
+from .collectives import route_collectives
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
 
@@ -72,6 +73,7 @@ def register() -> None:
         router = Router(api, runtime, report)
         api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
         route_kernel_functions(api, runtime, report)
+        route_collectives(api, runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,
