@@ -3,14 +3,21 @@
 For each process group with more than one rank, :func:`open_communicator` asks the plugin
 whose collectives serve the group for its handle (``sglang_fl_communicator``), bounded by
 ``SGLANG_FL_PLUGIN_TIMEOUT``, then makes the group's ranks agree (one ``all_reduce`` of a flag
-on the gloo CPU group): either every rank uses the vendor's library, or every rank falls back
-to the reference collectives for that group. Mixing the two would hang (NCCL's send never
-meets gloo's receive). Used by the SGLang integration and the conformance kit alike.
+on the engine's gloo CPU group): either every rank uses the vendor's library, or every rank
+falls back to the reference collectives for that group. Mixing the two would hang (NCCL's send
+never meets gloo's receive).
+
+The plugin never sees the engine's CPU group: it gets a gloo group of its own for the set-up
+(``group.cpu_group`` in the hook), created here for the same ranks. A set-up that raises on one
+rank while another waits in its unique-id broadcast, or one abandoned at the timeout, leaves a
+half-done collective only on that group; the engine's CPU group, which the agreement and all of
+SGLang's coordination use, stays in step. Used by the SGLang integration and the kit alike.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import threading
@@ -72,6 +79,11 @@ def _agree(group: CollectiveGroup, ok: bool) -> int:
     return int(failed.item())
 
 
+def _setup_group(group: CollectiveGroup) -> Any:
+    """A gloo group of the same ranks for the plugin's set-up; only its members create it."""
+    return dist.new_group(list(group.ranks), backend="gloo", use_local_synchronization=True)
+
+
 def open_communicator(
     runtime: Runtime, plugin_name: str, group: CollectiveGroup
 ) -> CommunicatorOutcome:
@@ -82,7 +94,8 @@ def open_communicator(
     naming the plugin and the group; otherwise the outcome carries the problem and the caller
     serves the group with the reference collectives.
     """
-    handle, problem = _ask(runtime, plugin_name, group)
+    setup = dataclasses.replace(group, cpu_group=_setup_group(group))
+    handle, problem = _ask(runtime, plugin_name, setup)
     failed = _agree(group, problem is None)
     if failed and problem is None:
         problem = f"{failed} other rank(s) of the group failed to set it up"

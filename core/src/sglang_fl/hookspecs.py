@@ -56,10 +56,12 @@ def sglang_fl_communicator(group: CollectiveGroup) -> object | None:
     Called in every rank of a group with more than one rank, once, when the engine creates
     the group (SGLang: each ``GroupCoordinator``, TP/PP/EP/...), and only for the plugin whose
     collective implementations (``all_reduce``, ...) serve that group. ``group`` carries the
-    global ``ranks``, this process's ``rank_in_group``, the ``device`` and the engine's
-    torch.distributed groups: exchange a unique id over ``group.cpu_group`` (gloo, e.g.
-    ``torch.distributed.broadcast_object_list(..., group=group.cpu_group)`` from
-    ``group.ranks[0]``) and create the communicator. The returned object reaches the
+    group's name, the global ``ranks``, this process's ``rank_in_group``, the ``device``, the
+    engine's ``device_group`` (the platform's torch.distributed backend) and, as
+    ``cpu_group``, a gloo group of the same ranks made for this set-up (the plugin's own, not
+    the engine's): exchange the library's unique id over it (e.g.
+    ``torch.distributed.broadcast_object_list(..., src=group.ranks[0], group=group.cpu_group)``)
+    and create the communicator. The returned object reaches the
     implementations as ``group.communicator``; if it has a ``close()`` method, that is the
     teardown, called once when the engine destroys the group (and at interpreter exit).
     Return ``None`` when the library needs no per-group state.
