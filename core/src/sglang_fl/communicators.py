@@ -22,6 +22,7 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -79,9 +80,18 @@ def _agree(group: CollectiveGroup, ok: bool) -> int:
     return int(failed.item())
 
 
-def _setup_group(group: CollectiveGroup) -> Any:
-    """A gloo group of the same ranks for the plugin's set-up; only its members create it."""
-    return dist.new_group(list(group.ranks), backend="gloo", use_local_synchronization=True)
+def _setup_group(group: CollectiveGroup, timeout: float) -> Any:
+    """A gloo group of the same ranks for the plugin's set-up; only its members create it.
+
+    Its operations time out with the hook, so a rank left waiting for a peer whose set-up
+    failed gets an error in its (abandoned) hook thread instead of a collective pending at
+    interpreter exit, which gloo answers with ``std::terminate``."""
+    return dist.new_group(
+        list(group.ranks),
+        backend="gloo",
+        timeout=timedelta(seconds=timeout),
+        use_local_synchronization=True,
+    )
 
 
 def open_communicator(
@@ -94,7 +104,8 @@ def open_communicator(
     naming the plugin and the group; otherwise the outcome carries the problem and the caller
     serves the group with the reference collectives.
     """
-    setup = dataclasses.replace(group, cpu_group=_setup_group(group))
+    setup_group = _setup_group(group, runtime.config.plugin_timeout)
+    setup = dataclasses.replace(group, cpu_group=setup_group)
     handle, problem = _ask(runtime, plugin_name, setup)
     failed = _agree(group, problem is None)
     if failed and problem is None:
