@@ -226,3 +226,42 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
         assert (row["runner"], row["impl_id"]) == ("sglang-fl", "vendor.cvendor.all_reduce")
     called = {(r["pid"], r["op"]) for r in vendor_lines(out) if r["group"].startswith("tp")}
     assert {(pid, "all_reduce") for pid in schedulers} <= called, called
+
+
+def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
+    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+) -> None:
+    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. Both ranks
+    bind the ``pp`` group's collectives to the vendor, but the pipeline calls none of them: its
+    activations travel through ``send_tensor_dict``/``recv_tensor_dict``, which call
+    torch.distributed on the device group directly and are not routed (yet). The last
+    assertion pins that, so routing the tensor dicts shows up here."""
+    log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
+    env = clean_env(
+        SGLANG_FL_DISPATCH_LOG=str(log),
+        PYTHONPATH=str(vendor_site),
+        COLLECTIVE_VENDOR_OUT=str(out),
+        SGLANG_CPU_OMP_THREADS_BIND="0|1",
+    )
+    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
+    proc = subprocess.run(
+        [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--pp", "2"],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+    rows = read_log(log)
+    stages = {
+        r["pid"] for r in rows if str(r.get("proctitle") or "").startswith("sglang::scheduler_PP")
+    }
+    assert len(stages) == 2, stages
+    pp = [r for r in rows if r["event"] == "collective" and r["group"].startswith("pp")]
+    assert {(r["pid"], r["op"]) for r in pp} == {(pid, op) for pid in stages for op in COLLECTIVES}
+    assert {r["impl_id"] for r in pp if r["op"] == "send"} == {"vendor.cvendor.send"}
+    called = sorted({(r["group"].split(":")[0], r["op"]) for r in vendor_lines(out) if "op" in r})
+    assert called == [], f"the PP=2 engine now calls routed collectives: {called}"
