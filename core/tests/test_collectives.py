@@ -247,3 +247,23 @@ def test_single_process_inputs_describe_rank_0():
     assert inputs.obj.rank_in_group == 0
     assert inputs.args[1].shape[0] == 2 * rows
     assert inputs.args[0].shape[0] == rows
+
+
+def test_the_conformance_plan_runs_a_vendor_collective_on_2_and_4_ranks(plugin_site):
+    """``conformance_tests`` items of a vendor collective: its signature, then one
+    multi-process check per world size; the wrong-on-rank-1 all_reduce fails naming the rank."""
+    from sglang_fl.testing.checks import FAILED, PASSED, plan
+
+    plugin_site.plugin("wrong", WRONG_ON_RANK_1)
+    checks = {check.id: check for check in plan(vendor="wrong")}
+    assert list(checks) == [
+        "wrong/plugin",
+        "wrong/all_reduce/signature",
+        "wrong/all_reduce/world=2",
+        "wrong/all_reduce/world=4",
+    ]
+    assert checks["wrong/all_reduce/signature"].run().status == PASSED
+    outcome = checks["wrong/all_reduce/world=2"].run()
+    assert outcome.status == FAILED
+    assert "cases on 2 ranks failed" in outcome.message
+    assert "rank 1: output: max abs error" in outcome.message
