@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fl import __version__, cli
-from sglang_fl.ops import STANDARD_OPS
+from sglang_fl.ops import STANDARD_OPS, get_contract
 
 OPS = list(STANDARD_OPS)
 PLUGIN_KEYS = {"name", "module", "distribution", "version", "status", "hooks", "error", "builtin"}
@@ -181,7 +181,9 @@ def test_ops_json(capsys, plugin_site, only):
         assert op["chosen"] == f"reference.{op['op']}"
         assert op["order"] == ["flagos", "vendor", "reference"]
         assert op["order_source"] == "default"
-        assert op["signature"].startswith(f"{op['op']}(obj, ")
+        # A kernel takes its layer first, a collective its process group.
+        first = "group" if get_contract(op["op"]).collective else "obj"
+        assert op["signature"].startswith(f"{op['op']}({first}, ")
         for candidate in op["candidates"]:
             assert set(candidate) == CANDIDATE_KEYS
     silu = data["ops"][0]

@@ -38,6 +38,16 @@ def test_standard_ops_are_the_design_set():
         "fused_sigmoid_gating_delta_rule_update",
         "rms_norm_gated",
         "track_mamba_states",
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gatherv",
+        "reduce_scatter_tensor",
+        "reduce_scatterv",
+        "broadcast",
+        "send",
+        "recv",
+        "all_to_all_single",
     ]
 
 
@@ -110,14 +120,18 @@ def test_unknown_op_without_close_match_lists_known_ops():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_tolerances_for_every_float_contract_dtype(dtype):
+    """Computing contracts have a positive tolerance; collectives that only move data are
+    exact, and those that sum allow for the order of the sum."""
+    moving = {"all_gather", "all_gather_into_tensor", "all_gatherv", "broadcast", "send"}
+    moving |= {"recv", "all_to_all_single"}
     for contract in STANDARD_OPS.values():
         if dtype in contract.dtypes:
             tol = contract.tolerance(dtype)
-            if contract.name in COPY_OPS:  # a copy into the KV pool rounds nothing
-                assert (tol.atol, tol.rtol) == (0, 0)
-                continue
-            assert tol.atol > 0
-            assert tol.rtol > 0
+            if contract.name in moving or contract.name in COPY_OPS:  # nothing is rounded
+                assert (tol.atol, tol.rtol) == (0, 0), contract.name
+            else:
+                assert tol.atol > 0
+                assert tol.rtol > 0
 
 
 COPY_OPS = ("store_kv_cache",)
@@ -130,13 +144,40 @@ def test_index_results_are_exact():
         assert (contract.tolerance(dtype).atol, contract.tolerance(dtype).rtol) == (0, 0)
 
 
-@pytest.mark.parametrize("op", list(STANDARD_OPS)[3:])
+KERNELS = [op for op, contract in STANDARD_OPS.items() if contract.collective is None]
+COLLECTIVES = [op for op, contract in STANDARD_OPS.items() if contract.collective is not None]
+
+
+@pytest.mark.parametrize("op", KERNELS[3:])
 def test_newer_contracts_cover_empty_and_strided_inputs(op):
-    """Every contract beyond the first three has a 0-token and a non-contiguous case."""
+    """Every kernel contract beyond the first three has a 0-token and a non-contiguous case."""
     contract = get_contract(op)
     names = [case.name for case in contract.cases]
     assert any("tokens=0" in n or "batch=0" in n for n in names), names
     assert any("strided" in n or "qkv-slices" in n for n in names), names
+
+
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_collective_contracts_cover_an_idle_rank_on_2_and_4_ranks(op):
+    """Collectives take contiguous tensors (torch.distributed refuses others: no strided
+    case); each covers a rank without rows and runs on 2 and 4 ranks."""
+    contract = get_contract(op)
+    assert contract.collective is not None
+    assert contract.collective.world_sizes == (2, 4)
+    spec = contract.collective
+    idle = False
+    for case in contract.cases:
+        for world_size in spec.world_sizes:
+            for rank in range(world_size):
+                inputs = spec.rank_inputs(
+                    case, torch.float32, torch.device("cpu"), rank, world_size
+                )
+                tensors = [a for a in (*inputs.args, *inputs.kwargs.values())]
+                tensors = [t for a in tensors for t in (a if isinstance(a, list) else [a])]
+                tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+                assert all(t.is_contiguous() for t in tensors), case.name
+                idle = idle or any(t.numel() == 0 for t in tensors)
+    assert idle, f"{op}: no case gives a rank an empty tensor"
 
 
 def test_tolerance_of_unknown_dtype_names_op_and_dtypes():
@@ -292,7 +333,7 @@ def test_uninspectable_callable_is_reported():
     assert "cannot be inspected" in problem
 
 
-@pytest.mark.parametrize("op", list(STANDARD_OPS))
+@pytest.mark.parametrize("op", KERNELS)
 def test_every_contract_covers_an_empty_batch_and_strided_inputs(op):
     """Kernels meet empty batches (an idle rank) and strided views (slices of a packed
     projection): every contract has both, so the kit and the hardware scripts run them."""

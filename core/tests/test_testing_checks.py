@@ -37,7 +37,11 @@ def case_named(op: str, *fragments: str):
     return next(c for c in get_contract(op).cases if all(f in c.name.split(",") for f in fragments))
 
 
-@pytest.mark.parametrize("op", list(STANDARD_OPS))
+KERNELS = [op for op, contract in STANDARD_OPS.items() if contract.collective is None]
+
+
+# The collectives' references are checked on 2 and 4 ranks in test_collectives.py.
+@pytest.mark.parametrize("op", KERNELS)
 def test_reference_passes_every_case_and_dtype(op: str) -> None:
     contract = get_contract(op)
     impl = vendor_impl(op, contract.reference)
@@ -274,3 +278,12 @@ def test_registered_by_holds_only_that_registration():
     registry = registered_by(register)
     assert [i.impl_id for i in registry.implementations("silu_and_mul")] == ["vendor.solo"]
     assert registry.implementations("rms_norm") == ()
+
+
+def test_a_collective_is_not_checked_in_one_process() -> None:
+    contract = get_contract("all_reduce")
+    impl = vendor_impl("all_reduce", contract.reference)
+    outcome = check_case(impl, contract.cases[0], torch.float32)
+    assert outcome.status == FAILED
+    assert "is a collective" in outcome.message
+    assert "check_collective" in outcome.message

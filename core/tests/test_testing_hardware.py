@@ -28,7 +28,9 @@ from sglang_fl.testing.hardware import (
     run_hardware_conformance,
 )
 
-REFERENCE_FNS = {op: contract.reference for op, contract in STANDARD_OPS.items()}
+# The kernels: a hardware script checks them in one process (collectives need several ranks).
+KERNEL_OPS = {op: c for op, c in STANDARD_OPS.items() if c.collective is None}
+REFERENCE_FNS = {op: contract.reference for op, contract in KERNEL_OPS.items()}
 
 
 def registering(fns: dict[str, Callable[..., Any]]) -> Callable[[OpRegistry], None]:
@@ -81,7 +83,7 @@ def test_a_passing_run_exits_0_and_prints_every_op_dtype_and_case(
     rows = out[2:-1]
     expected = [
         (op, str(dtype).removeprefix("torch."), case.name)
-        for op, contract in STANDARD_OPS.items()
+        for op, contract in KERNEL_OPS.items()
         for dtype in contract.dtypes
         for case in contract.cases
     ]
@@ -262,7 +264,7 @@ def test_each_case_is_timed_against_sglangs_own_method(
     sglang = FakeSglang()
     sglang.install(monkeypatch)
     target = fake_target()
-    unbaselined = [op for op in STANDARD_OPS if op not in SGLANG_BASELINE_OPS]
+    unbaselined = [op for op in KERNEL_OPS if op not in SGLANG_BASELINE_OPS]
     others = run_cases(target, unbaselined, dtypes=[torch.float16], repeat=2)
     assert others
     assert all(r.status == "passed" and r.time_ratio is None for r in others)
@@ -275,7 +277,7 @@ def test_each_case_is_timed_against_sglangs_own_method(
     assert all(r.time_ratio is not None and r.time_ratio > 0 for r in timed)
     # Per case: 2 timings (ours, SGLang's), each warmed up and synchronized before and after.
     assert target.synchronize.calls == 4 * len(timed)  # type: ignore[attr-defined]
-    half_ops = {op for op, contract in STANDARD_OPS.items() if torch.float16 in contract.dtypes}
+    half_ops = {op for op, contract in KERNEL_OPS.items() if torch.float16 in contract.dtypes}
     assert {op for op, _ in sglang.calls} == half_ops & set(SGLANG_BASELINE_OPS)
     assert len(sglang.calls) == (3 + 2) * len(timed)  # 3 warm-up calls, 2 timed
     index_rows = run_cases(target, ["clamp_position"], repeat=1)  # its int32/int64 cases
@@ -343,3 +345,11 @@ def test_load_script_imports_a_vendor_script_from_its_file(tmp_path: Path) -> No
     assert first is not second  # a fresh module each time: tests may patch it freely
     with pytest.raises(ImportError, match="cannot import the conformance script"):
         load_script(tmp_path / "acme" / "scripts" / "conformance.txt")
+
+
+def test_a_collective_is_reported_as_left_to_the_multi_process_kit() -> None:
+    """A registered collective gets one explicit skipped row saying where it is checked."""
+    target = fake_target({"all_reduce": STANDARD_OPS["all_reduce"].reference})
+    rows = run_cases(target, repeat=0)
+    assert [(r.op, r.status) for r in rows] == [("all_reduce", "skipped")]
+    assert "run_collective_checks" in rows[0].message

@@ -12,6 +12,7 @@ import sglang_fl.dispatch.registry
 import sglang_fl.dispatch.types
 import sglang_fl.errors
 import sglang_fl.hookspecs
+import sglang_fl.ops.collectives.group
 from sglang_fl import types
 
 DEFINED_IN = {
@@ -20,6 +21,7 @@ DEFINED_IN = {
     "BackendImplKind": sglang_fl.dispatch.types,
     "BackendPriority": sglang_fl.dispatch.types,
     "ChipSdk": sglang_fl.dispatch.probes,
+    "CollectiveGroup": sglang_fl.ops.collectives.group,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
     "Provenance": sglang_fl.dispatch.types,

@@ -29,10 +29,11 @@ from .types import (
     OpImpl,
     Provenance,
 )
-from .types import __getattr__ as __getattr__  # OpRegistry, imported on first use
+from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup: on first use
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.collectives.group import CollectiveGroup
     from .runtime import Runtime
 
 
@@ -42,6 +43,7 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
+    "CollectiveGroup",
     "ConfigError",
     "NoImplementationError",
     "OpImpl",

@@ -2,11 +2,13 @@
 
 Shared by the SGLang and vLLM integrations. Each process that loads the plugin writes one
 ``plugin`` record, then one ``layer`` record the first time the engine resolves a fused-op
-class there, and one ``handoff`` record the first time a call is handed back to the engine's
-own path; in verify mode (``SGLANG_FL_VERIFY``), one ``verify`` record per checked call
-(:mod:`sglang_fl.verify`). Records are logged at INFO in the first rank (DEBUG elsewhere) and,
-with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON lines that all carry ``pid``, so
-the spawned scheduler workers' choices are visible from outside.
+class there, one ``collective`` record per process group (of more than one rank) and
+collective op when the group is created, and one ``handoff`` record the first time a call is
+handed back to the engine's own path; in verify mode (``SGLANG_FL_VERIFY``), one ``verify``
+record per checked call (:mod:`sglang_fl.verify`). Records are logged at INFO in the first
+rank (DEBUG elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON
+lines that all carry ``pid``, so the spawned scheduler workers' choices are visible from
+outside.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ReportEvent(StrEnum):
     FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
     FALLBACK = "fallback"  # an implementation first declined a call; the next candidate ran it
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
+    COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)
 
 
 class Runner(StrEnum):
@@ -132,6 +135,18 @@ class DispatchReport:
                 runner,
                 fields.get(f"{runner}_forward"),
                 fields["reason"],
+            )
+        elif event is ReportEvent.COLLECTIVE:
+            _log.log(
+                level,
+                "sglang-fl collective: %s on %s -> %s %s%s",
+                fields["op"],
+                fields["group"],
+                fields["runner"],
+                fields.get("impl_id") or fields.get("sglang_method"),
+                f" (fallback: {fields['fallback_reason']})"
+                if fields.get("fallback_reason")
+                else "",
             )
         else:
             _log.debug("sglang-fl %s: %s", event, fields)

@@ -304,6 +304,11 @@ def graph_op(op_name: str) -> GraphOp:
         if graph is None:
             contract = get_contract(op_name)
             spec = GRAPH_SPECS.get(op_name)
+            if spec is None and contract.collective is not None:
+                raise KeyError(
+                    f"op {op_name!r} is a collective: sglang-fl defines no custom op for it "
+                    "(the engine's own collective custom ops stay around the routed method)"
+                )
             if spec is None:
                 raise KeyError(f"op {op_name!r} has no graph spec in sglang_fl.ops.graph_spec")
             graph = _describe(contract, spec)

@@ -1,8 +1,8 @@
 """The hooks a backend plugin implements, one docstring each: when it runs, what it returns.
 
 A plugin is a module named by an entry point in the group ``sglang_fl.backends``; it marks its
-functions with :data:`hookimpl`. Hooks run once per process, at load time; nothing here runs
-per tensor call.
+functions with :data:`hookimpl`. Hooks run once per process (``sglang_fl_communicator``: once
+per process group), never per tensor call.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.collectives.group import CollectiveGroup
 
 PROJECT_NAME = "sglang_fl"
 
@@ -45,4 +46,30 @@ def sglang_fl_platform() -> str | None:
     activate, after plugins are loaded. Return a path such as ``"my_chip.platform:MyPlatform"``
     only when SGLang has no in-tree platform for the chip and the chip is present; otherwise
     return ``None``. The first non-``None`` result wins.
+    """
+
+
+@hookspec(firstresult=True)
+def sglang_fl_communicator(group: CollectiveGroup) -> object | None:
+    """Set up this plugin's collective library for one process group; return its handle.
+
+    Called in every rank of a group with more than one rank, once, when the engine creates
+    the group (SGLang: each ``GroupCoordinator``, TP/PP/EP/...), and only for the plugin whose
+    collective implementations (``all_reduce``, ...) serve that group. ``group`` carries the
+    group's name, the global ``ranks``, this process's ``rank_in_group``, the ``device``, the
+    engine's ``device_group`` (the platform's torch.distributed backend) and, as
+    ``cpu_group``, a gloo group of the same ranks made for this set-up (the plugin's own, not
+    the engine's): exchange the library's unique id over it (e.g.
+    ``torch.distributed.broadcast_object_list(..., src=group.ranks[0], group=group.cpu_group)``)
+    and create the communicator. The returned object reaches the
+    implementations as ``group.communicator``; if it has a ``close()`` method, that is the
+    teardown, called once when the engine destroys the group (and at interpreter exit).
+    Return ``None`` when the library needs no per-group state.
+
+    Failure path: if this hook raises or does not return within ``SGLANG_FL_PLUGIN_TIMEOUT``
+    seconds on any rank, every rank of the group keeps the reference collectives
+    (``torch.distributed`` on the engine's device group) for that group, and the dispatch
+    report records a ``fallback`` naming the plugin, the group and why. Under
+    ``SGLANG_FL_STRICT=1`` it is a :class:`~sglang_fl.errors.StrictModeError` instead. The
+    ranks agree on the outcome over ``group.cpu_group``, so they never mix libraries.
     """

@@ -25,7 +25,17 @@ Registering kernels
         sealed).
     :data:`hookimpl`
         The pluggy marker for a plugin's hook functions (``sglang_fl_register_ops``,
-        ``sglang_fl_platform``; see :mod:`sglang_fl.hookspecs`).
+        ``sglang_fl_platform``, ``sglang_fl_communicator``; see :mod:`sglang_fl.hookspecs`).
+
+Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.collectives`)
+    :class:`CollectiveGroup`
+        What a collective implementation receives first, and what
+        ``sglang_fl_communicator(group)`` receives to set up the vendor's library for one
+        process group: its name, global ``ranks``, ``rank_in_group``, ``device``, the engine's
+        ``device_group``, a gloo ``cpu_group`` (the plugin's own during set-up) and, at call
+        time, ``communicator``: the handle the hook returned for that group. A hook that
+        raises or hangs leaves the group on the reference collectives (an error under
+        ``SGLANG_FL_STRICT=1``); the handle's ``close()`` is its teardown.
 
 Describing a chip
     :class:`Backend`
@@ -62,6 +72,7 @@ from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.collectives.group import CollectiveGroup
 
 __all__ = [
     "Availability",
@@ -69,6 +80,7 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
+    "CollectiveGroup",
     "OpImpl",
     "OpRegistry",
     "Provenance",
@@ -78,7 +90,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry`` on first use (also for :mod:`sglang_fl`, which re-exports this function).
+    """``OpRegistry`` and ``CollectiveGroup`` on first use (also for :mod:`sglang_fl`, which
+    re-exports this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
     not (the CLI's ``--help``, SGLang's plugin discovery).
@@ -87,4 +100,8 @@ def __getattr__(name: str) -> Any:
         from .dispatch.registry import OpRegistry
 
         return OpRegistry
+    if name == "CollectiveGroup":
+        from .ops.collectives.group import CollectiveGroup
+
+        return CollectiveGroup
     raise AttributeError(f"sglang_fl has no attribute {name!r}")

@@ -90,7 +90,9 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "topk": topk,
         "fused_moe": fused_moe,
     }
-    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
+    # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
+    kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}
+    assert kernels - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id, impl.priority) == ("ascend", "vendor.ascend", 100)

@@ -84,7 +84,9 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "topk": topk,
         "fused_moe": fused_moe,
     }
-    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
+    # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
+    kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}
+    assert kernels - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id) == ("cuda", "vendor.cuda")

@@ -19,6 +19,7 @@ from .activation.gelu_quick import CONTRACT as GELU_QUICK
 from .activation.silu_and_mul import CONTRACT as SILU_AND_MUL
 from .attention import DECODE_ATTENTION, EXTEND_ATTENTION, STORE_KV_CACHE
 from .attention.clamp_position import CONTRACT as CLAMP_POSITION
+from .collectives import COLLECTIVES
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
 from .linear_attention import LINEAR_ATTENTION_OPS
@@ -60,6 +61,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             DECODE_ATTENTION,
             EXTEND_ATTENTION,
             *LINEAR_ATTENTION_OPS,
+            *COLLECTIVES,
         )
     }
 )

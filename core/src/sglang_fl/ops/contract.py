@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["OpCase", "OpContract", "OpInputs", "Tolerance"]
+__all__ = ["Collective", "OpCase", "OpContract", "OpInputs", "Tolerance"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,36 @@ def layer(**attributes: Any) -> SimpleNamespace:
     return SimpleNamespace(**attributes)
 
 
+# A rank's inputs: (case, dtype, device, rank, world_size) -> OpInputs. Seeded from the case
+# and the rank alone, so every rank can rebuild every other rank's inputs.
+RankInputs = Callable[[OpCase, torch.dtype, torch.device, int, int], OpInputs]
+# What rank ``rank`` must hold after the call, computed from every rank's inputs alone (no
+# communication): (case, inputs of ranks 0..n-1, rank) -> output; ``None`` for no output.
+Expected = Callable[[OpCase, Sequence[OpInputs], int], Any]
+# Runs one case on one rank: (implementations by op name, group, case, this rank's inputs) ->
+# output. Most collectives call their own op; a point-to-point pair calls both halves.
+CaseRunner = Callable[[Mapping[str, Callable[..., Any]], Any, OpCase, OpInputs], Any]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What makes an op a collective: every rank of a group calls it at once.
+
+    A collective's case cannot run in one process: the kit
+    (:func:`sglang_fl.testing.collectives.run_collective_checks`) starts ``world_size``
+    processes for each of ``world_sizes``, joins them in one gloo group, builds each rank's
+    inputs with ``rank_inputs``, runs the case through ``run`` and compares each rank's output
+    with ``expected``. ``peers`` are the ops a case also calls (``send`` needs ``recv``); the
+    kit checks them as one unit with the same vendor's implementations.
+    """
+
+    world_sizes: tuple[int, ...]
+    rank_inputs: RankInputs
+    expected: Expected
+    run: CaseRunner
+    peers: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class OpContract:
     """Everything sglang-fl knows about one standard operator.
@@ -102,6 +132,10 @@ class OpContract:
     # Puts an output in the form it is compared in, where the contract leaves something open
     # (e.g. the order of the experts in a top-k row); identity for most ops.
     canonical_output: Callable[[Any], Any] = same_output
+    # Set for collectives (``all_reduce``, ...): their cases run on several ranks at once, and
+    # ``make_inputs`` gives rank 0's inputs of a case's smallest world (for single-process
+    # inspection: shapes, dtypes); ``obj`` is then a group stand-in, not a real group.
+    collective: Collective | None = None
 
     @property
     def parameter_names(self) -> tuple[str, ...]:

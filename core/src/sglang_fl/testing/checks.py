@@ -35,6 +35,7 @@ __all__ = [
     "CheckStatus",
     "Outcome",
     "check_case",
+    "check_collective",
     "check_plugin",
     "check_signature",
     "compare",
@@ -149,6 +150,12 @@ def check_case(
     """
     contract = get_contract(impl.op_name)
     where = f"{describe(impl)}, case {case.name!r}, dtype {dtype_name(dtype)}, device {device}"
+    if contract.collective is not None:
+        return Outcome(
+            FAILED,
+            f"{where}: op {impl.op_name!r} is a collective; its cases run on several ranks at "
+            "once: use check_collective (sglang_fl.testing.collectives)",
+        )
     inputs = _make_inputs(contract, case, dtype, device)
     expected_inputs = _make_inputs(contract, case, dtype, reference_device or device)
     before = _snapshot(contract, inputs)
@@ -250,8 +257,58 @@ def plan(
             message = f"plugin {record.name!r} registers no implementation of op {op!r}"
             checks.append(Check(f"{record.name}/{op}", _const(Outcome(FAILED, message))))
         for impl in impls:
-            checks.extend(_impl_checks(impl, _label(impl, impls), device))
+            if get_contract(impl.op_name).collective is not None:
+                checks.extend(_collective_checks(impl, _label(impl, impls), impls, record.name))
+            else:
+                checks.extend(_impl_checks(impl, _label(impl, impls), device))
     return checks
+
+
+def _collective_checks(
+    impl: OpImpl, label: str, siblings: list[OpImpl], plugin: str
+) -> Iterator[Check]:
+    """A collective's checks: its signature, then one multi-process run per world size (the
+    kit spawns the ranks, gloo on the CPU, with a hard timeout), every case and dtype in it.
+    A peer op (``recv`` for ``send``) is the same vendor's when it registers one."""
+    yield Check(f"{label}/signature", _bind(check_signature, impl))
+    availability = probe(impl)
+    if not availability:
+        reason = f"{describe(impl)} is unavailable here: {availability.reason}"
+        yield Check(f"{label}/unavailable", _const(Outcome(SKIPPED, reason)))
+        return
+    spec = get_contract(impl.op_name).collective
+    assert spec is not None
+    impls = {impl.op_name: impl.impl_id}
+    for peer in spec.peers:
+        same_vendor = [i for i in siblings if i.op_name == peer]
+        if same_vendor:
+            impls[peer] = same_vendor[0].impl_id
+    for world_size in spec.world_sizes:
+        yield Check(
+            f"{label}/world={world_size}",
+            _bind(check_collective, impl, impls, world_size, plugin),
+        )
+
+
+def check_collective(
+    impl: OpImpl, impls: Mapping[str, str], world_size: int, plugin: str
+) -> Outcome:
+    """Every case and dtype of a collective on ``world_size`` spawned ranks (gloo, CPU)."""
+    from .collectives import run_collective_checks
+
+    results = run_collective_checks(world_size, impls, ops=[impl.op_name], plugin=plugin)
+    failed = [r for r in results if not r.passed]
+    if not results:
+        return Outcome(FAILED, f"{describe(impl)}: the kit ran no case on {world_size} ranks")
+    if failed:
+        shown = "\n".join(f"{r.case_id}: {r.message}" for r in failed[:5])
+        more = f"\n(and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        return Outcome(
+            FAILED,
+            f"{describe(impl)}, {len(failed)} of {len(results)} cases on {world_size} ranks "
+            f"failed:\n{shown}{more}",
+        )
+    return Outcome(PASSED)
 
 
 def _impl_checks(impl: OpImpl, label: str, device: str) -> Iterator[Check]:

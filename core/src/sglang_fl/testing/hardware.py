@@ -131,6 +131,16 @@ def run_cases(
             message = f"{target.title} registers no implementation of op {op!r}"
             rows.append(Row(op, "-", "-", FAILED, message=message))
         contract = STANDARD_OPS[op]
+        if contract.collective is not None:
+            # One rank cannot run a collective: say so in the report rather than drop it.
+            message = (
+                f"{op} is a collective: its cases run on 2 and 4 ranks at once, which this "
+                "single-process script cannot do; run the kit's multi-process checks "
+                "(sglang_fl.testing.collectives.run_collective_checks, or pytest with "
+                "conformance_tests) for it"
+            )
+            rows.extend(Row(op, "-", "-", SKIPPED, message=message) for _ in impls[:1])
+            continue
         op_dtypes = [d for d in dtypes or contract.dtypes if d in contract.dtypes]
         for impl in impls:
             for dtype in op_dtypes:

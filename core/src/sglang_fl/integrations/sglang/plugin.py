@@ -25,6 +25,7 @@ from ...runtime import Runtime, get_runtime
 from ..routing import Forward, LayerRouter
 from . import attention_backend
 from .bridges import BRIDGES
+from .collectives import route_collectives
 from .compat import RESOLVE_TARGET, SglangApi, find_sglang_api
 from .kernel_functions import route_kernel_functions
 from .linear_attention import route_linear_attention
@@ -76,6 +77,7 @@ def register() -> None:
         route_kernel_functions(api, runtime, report)
         attention_backend.install()
         route_linear_attention(api, runtime, report)
+        route_collectives(api, runtime, report)
         _router = router
     report.emit(
         ReportEvent.PLUGIN,

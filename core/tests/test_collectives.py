@@ -1,0 +1,269 @@
+"""The collective contracts on 2 and 4 real ranks (gloo on the CPU), run by the kit itself.
+
+Each kit run spawns its ranks in fresh interpreters with a hard timeout, so a collective that
+one rank never joins fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fl.ops import STANDARD_OPS, get_contract
+from sglang_fl.testing.collectives import collective_ops, run_collective_checks
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gatherv",
+    "reduce_scatter_tensor",
+    "reduce_scatterv",
+    "broadcast",
+    "send",
+    "recv",
+    "all_to_all_single",
+)
+
+
+def planned(ops=COLLECTIVES) -> int:
+    return sum(len(get_contract(op).cases) * len(get_contract(op).dtypes) for op in ops)
+
+
+def test_the_collectives_are_standard_ops_under_their_own_names():
+    assert collective_ops() == COLLECTIVES
+    for op in COLLECTIVES:
+        contract = STANDARD_OPS[op]
+        assert contract.collective is not None
+        assert contract.collective.world_sizes == (2, 4)
+        assert contract.sglang_layer == f"GroupCoordinator.{op}"
+        assert contract.signature_text().startswith(f"{op}(group, ")
+    assert get_contract("send").collective.peers == ("recv",)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_references_meet_every_collective_contract(world_size):
+    """torch.distributed (what SGLang calls on the CPU) against each contract's own oracle,
+    every case and dtype, every rank: nothing skipped."""
+    results = run_collective_checks(world_size, timeout=240)
+    failed = [f"{r.case_id}: {r.message}" for r in results if not r.passed]
+    assert not failed, "\n".join(failed[:5])
+    assert len(results) == planned()
+    assert {r.op for r in results} == set(COLLECTIVES)
+
+
+WRONG_ON_RANK_1 = """
+import torch.distributed as dist
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+
+def all_reduce(group, input_):
+    dist.all_reduce(input_, group=group.device_group)
+    if group.rank_in_group == 1 and input_.numel():
+        input_[0, 0] += 1
+    return input_
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl(op_name="all_reduce", impl_id="vendor.wrong.all_reduce",
+                             kind=BackendImplKind.VENDOR, fn=all_reduce, vendor="wrong"))
+"""
+
+
+def test_a_wrong_result_on_one_rank_fails_naming_that_rank(plugin_site):
+    plugin_site.plugin("wrong", WRONG_ON_RANK_1)
+    results = run_collective_checks(
+        2, {"all_reduce": "vendor.wrong.all_reduce"}, ops=["all_reduce"], dtypes=["float32"]
+    )
+    failed = [r for r in results if not r.passed]
+    assert failed
+    assert all(r.message.startswith("rank 1: output: max abs error") for r in failed)
+    assert all("rows=0" in r.case for r in results if r.passed)  # nothing to be wrong in
+
+
+HANGS_ON_RANK_1 = """
+import time
+import torch.distributed as dist
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+
+def all_reduce(group, input_):
+    if group.rank_in_group == 1:
+        time.sleep(3600)
+    dist.all_reduce(input_, group=group.device_group)
+    return input_
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl(op_name="all_reduce", impl_id="vendor.hang.all_reduce",
+                             kind=BackendImplKind.VENDOR, fn=all_reduce, vendor="hang"))
+"""
+
+
+def test_a_hanging_rank_fails_within_the_timeout(plugin_site):
+    plugin_site.plugin("hang", HANGS_ON_RANK_1)
+    results = run_collective_checks(
+        2,
+        {"all_reduce": "vendor.hang.all_reduce"},
+        ops=["all_reduce"],
+        dtypes=["float32"],
+        timeout=25,
+    )
+    assert results
+    assert not any(r.passed for r in results)
+    assert "rank 1: hung (killed at the kit's timeout)" in results[0].message
+
+
+COUNTING = """
+import json, os
+import torch.distributed as dist
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+from sglang_fl.ops import STANDARD_OPS
+
+class Communicator:
+    def __init__(self, group):
+        # The unique-id exchange a collective library does, over the CPU group.
+        token = [f"id-{os.getpid()}" if group.rank_in_group == 0 else None]
+        dist.broadcast_object_list(token, src=group.ranks[0], group=group.cpu_group)
+        self.unique_id, self.rank, self.calls = token[0], group.rank_in_group, {}
+
+    def count(self, op):
+        self.calls[op] = self.calls.get(op, 0) + 1
+
+    def close(self):
+        with open(os.environ["COUNTING_OUT"], "a") as out:
+            out.write(json.dumps({"rank": self.rank, "id": self.unique_id,
+                                  "calls": self.calls}) + "\\n")
+
+def counted(name):
+    reference = STANDARD_OPS[name].reference
+    def fn(group, *args, **kwargs):
+        group.communicator.count(name)
+        return reference(group, *args, **kwargs)
+    return fn
+
+@hookimpl
+def sglang_fl_communicator(group):
+    return Communicator(group)
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register_many(
+        OpImpl(op_name=name, impl_id=f"vendor.counting.{name}", kind=BackendImplKind.VENDOR,
+               fn=counted(name), vendor="counting")
+        for name, contract in STANDARD_OPS.items() if contract.collective)
+"""
+
+
+def test_a_vendor_communicator_is_set_up_per_group_and_serves_every_collective(
+    plugin_site, tmp_path: Path
+):
+    plugin_site.plugin("counting", COUNTING)
+    out = tmp_path / "calls.jsonl"
+    impls = {op: f"vendor.counting.{op}" for op in COLLECTIVES}
+    results = run_collective_checks(
+        2, impls, dtypes=["float32"], plugin="counting", env={"COUNTING_OUT": str(out)}
+    )
+    assert all(r.passed for r in results), [r.message for r in results if not r.passed][:3]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["rank"] for r in rows) == [0, 1]  # closed once per rank, at exit
+    assert len({r["id"] for r in rows}) == 1  # both ranks got rank 0's unique id
+    for row in rows:
+        assert set(row["calls"]) == set(COLLECTIVES), row
+
+
+FAILING_COMMUNICATOR = """
+import os, time
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+from sglang_fl.ops import STANDARD_OPS
+
+@hookimpl
+def sglang_fl_communicator(group):
+    if os.environ["HOW"] == "hang":
+        time.sleep(3600)
+    if group.rank_in_group == 1:
+        raise RuntimeError("no device 1")
+    return object()
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl(op_name="all_reduce", impl_id="vendor.broken.all_reduce",
+                             kind=BackendImplKind.VENDOR, fn=STANDARD_OPS["all_reduce"].reference,
+                             vendor="broken"))
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "hang"])
+def test_a_communicator_that_fails_to_initialise_is_reported_for_the_group(plugin_site, how):
+    plugin_site.plugin("broken", FAILING_COMMUNICATOR)
+    env = {"HOW": how, "SGLANG_FL_PLUGIN_TIMEOUT": "3"}
+    results = run_collective_checks(
+        2,
+        {"all_reduce": "vendor.broken.all_reduce"},
+        ops=["all_reduce"],
+        dtypes=["float32"],
+        plugin="broken",
+        env=env,
+        timeout=60,
+    )
+    assert results
+    assert not any(r.passed for r in results)
+    message = results[0].message
+    if how == "raise":
+        assert "rank 1: set-up failed" in message
+        assert "RuntimeError: no device 1" in message
+        assert "rank 0: set-up failed" in message
+        assert "1 other rank(s)" in message
+    else:
+        assert "did not return within 3 s (SGLANG_FL_PLUGIN_TIMEOUT)" in message
+    assert "plugin 'broken': communicator for group 'kit:2'" not in message  # not strict
+    strict = run_collective_checks(
+        2,
+        {"all_reduce": "vendor.broken.all_reduce"},
+        ops=["all_reduce"],
+        dtypes=["float32"],
+        plugin="broken",
+        env={**env, "SGLANG_FL_STRICT": "1"},
+        timeout=60,
+    )
+    assert (
+        "StrictModeError: SGLANG_FL_STRICT=1: plugin 'broken': communicator for group "
+        "'kit:2' (ranks 0, 1; this is rank" in strict[0].message
+    )
+
+
+def test_single_process_inputs_describe_rank_0():
+    """``make_inputs`` of a collective: rank 0's inputs of the smallest world (inspection)."""
+    contract = get_contract("reduce_scatter_tensor")
+    case = contract.cases[-1]
+    inputs = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())
+    rows = case.params["rows"]
+    assert inputs.obj.world_size == 2
+    assert inputs.obj.rank_in_group == 0
+    assert inputs.args[1].shape[0] == 2 * rows
+    assert inputs.args[0].shape[0] == rows
+
+
+def test_the_conformance_plan_runs_a_vendor_collective_on_2_and_4_ranks(plugin_site):
+    """``conformance_tests`` items of a vendor collective: its signature, then one
+    multi-process check per world size; the wrong-on-rank-1 all_reduce fails naming the rank."""
+    from sglang_fl.testing.checks import FAILED, PASSED, plan
+
+    plugin_site.plugin("wrong", WRONG_ON_RANK_1)
+    checks = {check.id: check for check in plan(vendor="wrong")}
+    assert list(checks) == [
+        "wrong/plugin",
+        "wrong/all_reduce/signature",
+        "wrong/all_reduce/world=2",
+        "wrong/all_reduce/world=4",
+    ]
+    assert checks["wrong/all_reduce/signature"].run().status == PASSED
+    outcome = checks["wrong/all_reduce/world=2"].run()
+    assert outcome.status == FAILED
+    assert "cases on 2 ranks failed" in outcome.message
+    assert "rank 1: output: max abs error" in outcome.message

@@ -1,0 +1,108 @@
+"""A throwaway vendor wheel with a collective library of its own: a counting communicator.
+
+Its ``sglang_fl_communicator`` does what a real library (NCCL, HCCL, FlagCX) does per group:
+rank 0 makes a unique id, the others receive it over the group's gloo CPU group; the handle
+counts every collective call made through it, appends ``{"pid", "group", "rank", "op",
+"unique_id"}`` to ``$COLLECTIVE_VENDOR_OUT`` at each op's first call and, at teardown
+(``close()``), ``{"pid", "group", "rank", "unique_id", "calls"}``. Its
+collectives are the reference math called through the handle. ``COLLECTIVE_VENDOR_INIT=raise``
+makes the set-up raise on the group's last rank, ``hang`` makes it sleep on every rank: the
+failure paths. Built as a real wheel and pip-installed into a directory of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sglang_processes import install_wheel_from_source
+
+__all__ = ["collective_vendor_site"]
+
+MODULE = '''
+"""A vendor whose collectives run through a per-group communicator that counts its calls."""
+import json
+import os
+import time
+
+import torch.distributed as dist
+
+from sglang_fl.types import BackendImplKind, OpImpl, hookimpl
+from sglang_fl.ops import STANDARD_OPS
+
+
+class CountingCommunicator:
+    def __init__(self, group):
+        token = [f"uid-{os.getpid()}-{group.name}" if group.rank_in_group == 0 else None]
+        dist.broadcast_object_list(token, src=group.ranks[0], group=group.cpu_group)
+        self.group, self.unique_id, self.calls = group, token[0], {}
+
+    def call(self, op, fn, group, args, kwargs):
+        if op not in self.calls:  # the first call: recorded at once (engines are killed)
+            first = {"pid": os.getpid(), "group": group.name, "rank": group.rank_in_group,
+                     "op": op, "unique_id": self.unique_id}
+            with open(os.environ["COLLECTIVE_VENDOR_OUT"], "a") as out:
+                out.write(json.dumps(first) + "\\n")
+        self.calls[op] = self.calls.get(op, 0) + 1
+        return fn(group, *args, **kwargs)
+
+    def close(self):
+        record = {"pid": os.getpid(), "group": self.group.name,
+                  "rank": self.group.rank_in_group, "unique_id": self.unique_id,
+                  "calls": self.calls}
+        with open(os.environ["COLLECTIVE_VENDOR_OUT"], "a") as out:
+            out.write(json.dumps(record) + "\\n")
+
+
+@hookimpl
+def sglang_fl_communicator(group):
+    how = os.environ.get("COLLECTIVE_VENDOR_INIT", "")
+    if how == "hang":
+        time.sleep(3600)
+    if how == "raise" and group.rank_in_group == group.world_size - 1:
+        raise RuntimeError(f"cvendor: no link to rank {group.rank_in_group}")
+    return CountingCommunicator(group)
+
+
+def _through_communicator(op):
+    reference = STANDARD_OPS[op].reference
+
+    def fn(group, *args, **kwargs):
+        if group.communicator is None:
+            raise RuntimeError(f"cvendor {op} called without its communicator")
+        return group.communicator.call(op, reference, group, args, kwargs)
+
+    return fn
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register_many(
+        OpImpl(op_name=name, impl_id=f"vendor.cvendor.{name}", kind=BackendImplKind.VENDOR,
+               fn=_through_communicator(name), vendor="cvendor")
+        for name, contract in STANDARD_OPS.items() if contract.collective is not None
+    )
+'''
+
+PYPROJECT = """
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang-fl-cvendor"
+version = "0.0.1"
+dependencies = ["sglang-fl"]
+
+[project.entry-points."sglang_fl.backends"]
+cvendor = "sglang_fl_cvendor"
+"""
+
+
+def collective_vendor_site(root: Path) -> Path:
+    """Build the vendor as a real wheel under ``root``, pip-install it into a directory of its
+    own and return that directory (put it on ``PYTHONPATH``)."""
+    source = root / "src"
+    (source / "sglang_fl_cvendor").mkdir(parents=True)
+    (source / "sglang_fl_cvendor" / "__init__.py").write_text(MODULE)
+    (source / "pyproject.toml").write_text(PYPROJECT)
+    return install_wheel_from_source(source, root)

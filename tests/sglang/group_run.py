@@ -1,0 +1,99 @@
+"""One rank of SGLang's own ``GroupCoordinator``s, driven directly (no engine), for the tests.
+
+``python group_run.py RANK WORLD_SIZE STORE_FILE`` loads SGLang's plugins the way a scheduler
+worker does (``load_plugins()``: sglang-fl registers its hooks, SGLang applies them), joins a
+gloo world through a file store, builds a multi-rank ``GroupCoordinator`` (``pp``) and a
+one-rank one (``solo``) with SGLang's ``init_model_parallel_group``, calls every routed
+collective on the multi-rank one, checks each result against the math, destroys the group and
+prints one JSON line: ``{"rank", "pid", "results": {op: "ok" | problem}, "solo_untouched",
+"routed_methods"}``. Exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+
+
+def main(rank: int, world_size: int, store: str) -> int:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state as ps
+
+    from sglang_fl.integrations.sglang.collectives import METHODS
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
+    )
+    ranks = list(range(world_size))
+    make = ps.init_model_parallel_group
+    group = make([ranks], rank, "gloo", use_custom_allreduce=False, group_name="pp")
+    solo = make([[r] for r in ranks], rank, "gloo", use_custom_allreduce=False, group_name="solo")
+    n, me = world_size, group.rank_in_group
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(3, 4, generator=g) for _ in range(n)]  # every rank's input, everywhere
+    results: dict[str, str] = {}
+
+    def check(op: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        ok = got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+        results[op] = "ok" if ok else f"got {got.tolist()}, want {want.tolist()}"
+
+    check("all_reduce", group.all_reduce(xs[me].clone()), sum(xs))
+    check("all_gather", group.all_gather(xs[me].clone(), dim=-1), torch.cat(xs, dim=-1))
+    out = torch.empty(3 * n, 4)
+    group.all_gather_into_tensor(out, xs[me].clone())
+    check("all_gather_into_tensor", out, torch.cat(xs))
+    sizes = [1 + r for r in ranks]
+    check(
+        "all_gatherv",
+        group.all_gatherv(xs[me][: sizes[me]].clone(), sizes=sizes)[0],
+        torch.cat([x[:s] for x, s in zip(xs, sizes, strict=False)]),
+    )
+    full = [torch.cat([x] * n) for x in xs]
+    out = torch.empty(3, 4)
+    group.reduce_scatter_tensor(out, full[me].clone())
+    check("reduce_scatter_tensor", out, sum(full)[me * 3 : me * 3 + 3])
+    check(
+        "reduce_scatterv",
+        group.reduce_scatterv(torch.cat([x[: sum(sizes)] for x in [xs[me]]]), sizes=sizes),
+        sum(x[: sum(sizes)] for x in xs)[sum(sizes[:me]) : sum(sizes[: me + 1])],
+    )
+    check("broadcast", group.broadcast(xs[me].clone(), src=n - 1), xs[n - 1])
+    if me == 0:
+        group.send(xs[0].clone(), dst=n - 1)
+        results["send"] = "ok"
+    elif me == n - 1:
+        check("recv", group.recv(xs[0].shape, xs[0].dtype, src=0), xs[0])
+    out = torch.empty(3 * n, 4)
+    group.all_to_all_single(out, full[me].clone())
+    check("all_to_all_single", out, torch.cat([f[me * 3 : me * 3 + 3] for f in full]))
+    # A routed coordinator shadows SGLang's methods with instance attributes; a one-rank one
+    # keeps the class's own functions (the same objects SGLang calls).
+    routed = sorted(name for name in METHODS if name in vars(group))
+    solo_untouched = not any(name in vars(solo) for name in METHODS) and all(
+        getattr(solo, name).__func__ is getattr(type(solo), name) for name in METHODS
+    )
+    group.destroy()
+    record = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "results": results,
+        "solo_untouched": solo_untouched,
+        "routed_methods": routed,
+    }
+    print(json.dumps(record), flush=True)
+    return 0 if all(v == "ok" for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))

@@ -1,0 +1,267 @@
+"""SGLang's GroupCoordinator collectives through sglang-fl, on real ranks (gloo on the CPU).
+
+``group_run.py`` drives SGLang's own ``GroupCoordinator`` in 2 processes (no engine: cheap),
+so every routed collective is called on every rank, including ``send``/``recv`` (pipeline
+parallelism's path, tested directly; see the note on PP below). One TP=2 engine with a
+third-party collective library (``collective_vendor.py``, a real wheel) checks the whole
+path: transformers' greedy tokens, and both scheduler ranks served by the vendor.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from collective_vendor import collective_vendor_site
+from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
+from tiny_models import hf_greedy
+
+from sglang_fl.dispatch_report import read_log
+from sglang_fl.integrations.sglang.collectives import METHODS
+
+pytest.importorskip("sglang")
+
+GROUP_TIMEOUT_S = 300
+COLLECTIVES = sorted(METHODS)
+
+
+def run_group(tmp_path: Path, **env: str) -> tuple[list[subprocess.CompletedProcess[str]], Path]:
+    """``group_run.py`` on 2 ranks with a hard timeout; (finished processes, dispatch log)."""
+    log = tmp_path / "dispatch.jsonl"
+    store = tmp_path / "store"
+    environment = clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "group_run.py"), str(rank), "2", str(store)],
+            env=environment,
+            cwd=HERE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    done = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=GROUP_TIMEOUT_S)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return done, log
+
+
+def results(done: list[subprocess.CompletedProcess[str]]) -> list[dict[str, Any]]:
+    for proc in done:
+        assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return [json.loads(proc.stdout.strip().splitlines()[-1]) for proc in done]
+
+
+def collective_records(log: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    """pid -> op -> its ``collective`` record for the multi-rank group ``pp``."""
+    found: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in read_log(log):
+        if row["event"] == "collective":
+            assert row["group"].startswith("pp"), f"a one-rank group was reported: {row}"
+            assert row["op"] not in found.get(row["pid"], {}), f"reported twice: {row}"
+            found.setdefault(row["pid"], {})[row["op"]] = row
+    return found
+
+
+def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> None:
+    done, log = run_group(tmp_path)
+    ranks = results(done)
+    records = collective_records(log)
+    assert sorted(records) == sorted(r["pid"] for r in ranks)
+    for rank in ranks:
+        assert set(rank["results"].values()) == {"ok"}, rank
+        assert rank["routed_methods"] == COLLECTIVES
+        assert rank["solo_untouched"], "a one-rank group keeps SGLang's own methods"
+        mine = records[rank["pid"]]
+        assert sorted(mine) == COLLECTIVES
+        for op, row in mine.items():
+            assert (row["runner"], row["impl_id"], row["kind"]) == (
+                "sglang-fl",
+                f"reference.{op}",
+                "reference",
+            )
+            assert (row["ranks"], row["rank_in_group"]) == ([0, 1], rank["rank"])
+            assert row["sglang_method"] == f"GroupCoordinator.{op}"
+
+
+@pytest.fixture(scope="module")
+def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return collective_vendor_site(tmp_path_factory.mktemp("cvendor"))
+
+
+def vendor_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_vendor_communicator_serves_every_collective_on_every_rank(
+    vendor_site: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "vendor.jsonl"
+    done, log = run_group(tmp_path, PYTHONPATH=str(vendor_site), COLLECTIVE_VENDOR_OUT=str(out))
+    ranks = results(done)
+    closed = {r["rank"]: r for r in vendor_lines(out) if "calls" in r}
+    assert sorted(closed) == [0, 1], "each rank's communicator is closed by group.destroy()"
+    assert len({r["unique_id"] for r in closed.values()}) == 1, "one id, exchanged"
+    # Every collective on every rank; send only where it sends, recv only where it receives.
+    assert set(closed[0]["calls"]) == set(COLLECTIVES) - {"recv"}
+    assert set(closed[1]["calls"]) == set(COLLECTIVES) - {"send"}
+    records = collective_records(log)
+    for rank in ranks:
+        assert set(rank["results"].values()) == {"ok"}, rank
+        for op, row in records[rank["pid"]].items():
+            assert (row["impl_id"], row["distribution"]) == (
+                f"vendor.cvendor.{op}",
+                "sglang-fl-cvendor",
+            )
+            assert "fallback_from" not in row
+
+
+@pytest.mark.parametrize("how", ["raise", "hang"])
+def test_a_communicator_that_fails_to_initialise_leaves_the_reference_serving(
+    vendor_site: Path, tmp_path: Path, how: str
+) -> None:
+    out = tmp_path / "vendor.jsonl"
+    done, log = run_group(
+        tmp_path,
+        PYTHONPATH=str(vendor_site),
+        COLLECTIVE_VENDOR_OUT=str(out),
+        COLLECTIVE_VENDOR_INIT=how,
+        SGLANG_FL_PLUGIN_TIMEOUT="3",
+    )
+    ranks = results(done)
+    assert vendor_lines(out) == [], "no rank used the vendor's library"
+    records = collective_records(log)
+    reasons = {}
+    for rank in ranks:
+        assert set(rank["results"].values()) == {"ok"}, rank
+        mine = records[rank["pid"]]
+        assert sorted(mine) == COLLECTIVES
+        for op, row in mine.items():
+            assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"reference.{op}")
+            assert row["fallback_from"] == f"vendor.cvendor.{op}"
+        reasons[rank["rank"]] = mine["all_reduce"]["fallback_reason"]
+    if how == "raise":
+        assert (
+            reasons[1] == "sglang_fl_communicator raised RuntimeError: cvendor: no link to rank 1"
+        )
+        # Rank 0 waited in its unique-id broadcast for rank 1: its own set-up failed too.
+        assert reasons[0].startswith("sglang_fl_communicator "), reasons[0]
+    else:
+        assert set(reasons.values()) == {
+            "sglang_fl_communicator did not return within 3 s (SGLANG_FL_PLUGIN_TIMEOUT)"
+        }
+
+
+def test_under_strict_a_failing_communicator_is_an_error_naming_vendor_and_group(
+    vendor_site: Path, tmp_path: Path
+) -> None:
+    done, _ = run_group(
+        tmp_path,
+        PYTHONPATH=str(vendor_site),
+        COLLECTIVE_VENDOR_OUT=str(tmp_path / "vendor.jsonl"),
+        COLLECTIVE_VENDOR_INIT="raise",
+        SGLANG_FL_STRICT="1",
+    )
+    for rank, proc in enumerate(done):
+        assert proc.returncode != 0
+        assert (
+            "StrictModeError: SGLANG_FL_STRICT=1: plugin 'cvendor': communicator for group "
+            f"'pp:0' (ranks 0, 1; this is rank {rank}):"
+        ) in proc.stderr, proc.stderr[-3000:]
+
+
+PROMPTS = ["def main():", "class Config:"]
+MAX_NEW_TOKENS = 8
+
+
+def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
+    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+) -> None:
+    """TP=2 tiny Llama: two scheduler ranks, one core each; the tensor-parallel all-reduces
+    run through the vendor's communicator on both."""
+    log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
+    env = clean_env(
+        SGLANG_FL_DISPATCH_LOG=str(log),
+        PYTHONPATH=str(vendor_site),
+        COLLECTIVE_VENDOR_OUT=str(out),
+        SGLANG_CPU_OMP_THREADS_BIND="0|1",
+    )
+    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
+    proc = subprocess.run(
+        [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--tp", "2"],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+
+    rows = read_log(log)
+    schedulers = {
+        r["pid"]: r["proctitle"]
+        for r in rows
+        if str(r.get("proctitle") or "").startswith("sglang::scheduler")
+    }
+    assert len(schedulers) == 2, f"two scheduler ranks: {schedulers}"
+    tp_all_reduce = {
+        r["pid"]: r
+        for r in rows
+        if r["event"] == "collective" and r["op"] == "all_reduce" and r["group"].startswith("tp")
+    }
+    assert set(tp_all_reduce) == set(schedulers)
+    for row in tp_all_reduce.values():
+        assert (row["runner"], row["impl_id"]) == ("sglang-fl", "vendor.cvendor.all_reduce")
+    called = {(r["pid"], r["op"]) for r in vendor_lines(out) if r["group"].startswith("tp")}
+    assert {(pid, "all_reduce") for pid in schedulers} <= called, called
+
+
+def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
+    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+) -> None:
+    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. Both ranks
+    bind the ``pp`` group's collectives to the vendor, but the pipeline calls none of them: its
+    activations travel through ``send_tensor_dict``/``recv_tensor_dict``, which call
+    torch.distributed on the device group directly and are not routed (yet). The last
+    assertion pins that, so routing the tensor dicts shows up here."""
+    log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
+    env = clean_env(
+        SGLANG_FL_DISPATCH_LOG=str(log),
+        PYTHONPATH=str(vendor_site),
+        COLLECTIVE_VENDOR_OUT=str(out),
+        SGLANG_CPU_OMP_THREADS_BIND="0|1",
+    )
+    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
+    proc = subprocess.run(
+        [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--pp", "2"],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+    rows = read_log(log)
+    stages = {
+        r["pid"] for r in rows if str(r.get("proctitle") or "").startswith("sglang::scheduler_PP")
+    }
+    assert len(stages) == 2, stages
+    pp = [r for r in rows if r["event"] == "collective" and r["group"].startswith("pp")]
+    assert {(r["pid"], r["op"]) for r in pp} == {(pid, op) for pid in stages for op in COLLECTIVES}
+    assert {r["impl_id"] for r in pp if r["op"] == "send"} == {"vendor.cvendor.send"}
+    called = sorted({(r["group"].split(":")[0], r["op"]) for r in vendor_lines(out) if "op" in r})
+    assert called == [], f"the PP=2 engine now calls routed collectives: {called}"
