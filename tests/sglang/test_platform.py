@@ -45,3 +45,27 @@ def test_missing_hook_point_names_the_sglang_version(monkeypatch: pytest.MonkeyP
     message = str(excinfo.value)
     assert f"found SGLang {compat.sglang_version()}" in message
     assert "_resolve_forward_method" in message
+
+
+def test_cpu_device_module_shim_keeps_torch_compile_working() -> None:
+    """The shim answers ``torch.cpu`` and keeps ``__wrapped__``, which dynamo reads when it
+    builds its handlers: without it every ``torch.compile`` (Gemma-3's rope) failed."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sglang.srt.platforms\n"  # SGLang first: it activates the platform entry points
+        "import torch\n"
+        "from sglang_fl.integrations.sglang.platform import device_module_without_accelerator\n"
+        "device_module_without_accelerator()\n"
+        "assert torch.get_device_module() is torch.cpu, torch.get_device_module()\n"
+        "assert torch.get_device_module('cpu') is torch.cpu\n"
+        "f = torch.compile(lambda x: torch.cat((-x[..., 2:], x[..., :2]), dim=-1))\n"
+        "x = torch.arange(8.0).reshape(2, 4)\n"
+        "assert torch.equal(f(x), torch.cat((-x[..., 2:], x[..., :2]), dim=-1))\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -11,6 +11,7 @@ platform (the vendor's, else the CPU one).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import types
@@ -104,6 +105,9 @@ def device_module_without_accelerator() -> None:
         return
     original = torch.get_device_module
 
+    # torch's is an lru_cache wrapper; dynamo registers its handler on ``__wrapped__`` of
+    # whatever ``torch.get_device_module`` is when it first traces, so keep that attribute.
+    @functools.wraps(getattr(original, "__wrapped__", original))
     def get_device_module(device: torch.device | str | None = None) -> types.ModuleType:
         module: types.ModuleType = original("cpu" if device is None else device)
         return module
