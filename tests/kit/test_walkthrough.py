@@ -65,10 +65,11 @@ def only_silu_and_mul(register_ops: str) -> str:
     kept = REGISTRY_ENTRY.sub(lambda m: m[0] if m[1] == "silu_and_mul" else "", register_ops)
 
     def imports(match: re.Match[str]) -> str:
-        names = [n for n in match[2].split(", ") if n == "silu_and_mul"]
+        listed = match[2].strip("()").replace(",", " ").split()  # one line or parenthesised
+        names = [n for n in listed if n == "silu_and_mul"]
         return f"from .impl.{match[1]} import {', '.join(names)}\n" if names else ""
 
-    return re.sub(r"(?m)^from \.impl\.(\w+) import (.+)\n", imports, kept)
+    return re.sub(r"(?m)^from \.impl\.(\w+) import (\([^)]*\)|.+)\n", imports, kept)
 
 
 def test_document_shows_the_commands_this_test_runs() -> None:

@@ -5,26 +5,25 @@ from __future__ import annotations
 from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import TemplateBackend
-from .impl import linear_attention
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import clamp_position, decode_attention, extend_attention, store_kv_cache
+from .impl.linear_attention import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    chunk_gated_delta_rule,
+    fused_gdn_gating,
+    fused_qkvzba_split_reshape_cat,
+    fused_recurrent_gated_delta_rule,
+    fused_sigmoid_gating_delta_rule_update,
+    rms_norm_gated,
+    track_mamba_states,
+)
+from .impl.linear_attention import (
+    fused_recurrent_gated_delta_rule_packed_decode as packed_decode,
+)
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
 from .impl.rotary import mrotary_embedding, rotary_embedding
-
-# The gated-delta-rule family (impl/linear_attention.py), one stub per op.
-LINEAR_ATTENTION = (
-    "fused_qkvzba_split_reshape_cat",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-    "fused_gdn_gating",
-    "chunk_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule_packed_decode",
-    "fused_sigmoid_gating_delta_rule_update",
-    "rms_norm_gated",
-    "track_mamba_states",
-)
 
 
 @hookimpl
@@ -49,11 +48,18 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "store_kv_cache": store_kv_cache,
                 "decode_attention": decode_attention,
                 "extend_attention": extend_attention,
+                "fused_qkvzba_split_reshape_cat": fused_qkvzba_split_reshape_cat,
+                "causal_conv1d_fn": causal_conv1d_fn,
+                "causal_conv1d_update": causal_conv1d_update,
+                "fused_gdn_gating": fused_gdn_gating,
+                "chunk_gated_delta_rule": chunk_gated_delta_rule,
+                "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+                "fused_recurrent_gated_delta_rule_packed_decode": packed_decode,
+                "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update,
+                "rms_norm_gated": rms_norm_gated,
+                "track_mamba_states": track_mamba_states,
             }
         )
-    )
-    registry.register_many(
-        backend.implementations({op: getattr(linear_attention, op) for op in LINEAR_ATTENTION})
     )
 
 
