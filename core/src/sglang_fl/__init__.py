@@ -29,10 +29,11 @@ from .types import (
     OpImpl,
     Provenance,
 )
-from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup: on first use
+from .types import __getattr__ as __getattr__  # OpRegistry, ...: on first use
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
     from .runtime import Runtime
 
@@ -51,6 +52,7 @@ __all__ = [
     "PluginLoadError",
     "Provenance",
     "RegistrationError",
+    "SglangAttentionBackendOffer",
     "SglangFlError",
     "StrictModeError",
     "UnknownOpError",

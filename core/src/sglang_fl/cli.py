@@ -23,7 +23,7 @@ from . import scaffold
 from ._version import __version__
 from .config import Settings
 from .dispatch.identity import IDENTITY_RULE
-from .dispatch.resolve import CandidateOutcome
+from .dispatch.resolve import CandidateOutcome, Resolution
 from .errors import NoImplementationError, SglangFlError
 from .hook_report import (
     HookReport,
@@ -32,9 +32,11 @@ from .hook_report import (
     hooks_report,
     implementation_flags,
 )
+from .integrations.sglang.backend_selection import select as select_attention_backend
 from .integrations.vllm.compat import vllm_version
 from .loader import ENTRY_POINT_GROUP, PluginStatus
-from .ops import STANDARD_OPS, get_contract
+from .ops import SELECTIONS, STANDARD_OPS, get_contract
+from .ops.attention import SGLANG_ATTENTION_BACKEND
 from .runtime import Runtime
 from .schema import (
     SCHEMA_VERSION,
@@ -55,12 +57,35 @@ def _runtime() -> Runtime:
     return Runtime(Settings.from_environment(), inspecting=True)
 
 
+# What a selection shows where an op shows its contract's signature and SGLang layer.
+_SELECTION_SIGNATURE = {
+    SGLANG_ATTENTION_BACKEND: (
+        "factory(model_runner) -> sglang AttentionBackend",
+        "--attention-backend sglang_fl",
+    )
+}
+
+
+def _never_built(model_runner: Any) -> Any:
+    raise AssertionError("the CLI only inspects the selection; it builds no backend")
+
+
+def _decide(runtime: Runtime, op_name: str) -> Resolution:
+    if op_name == SGLANG_ATTENTION_BACKEND:
+        return select_attention_backend(runtime, _never_built)
+    return runtime.resolve(op_name)
+
+
 def _op_report(runtime: Runtime, op_name: str) -> OpReport:
-    """One op's decision record, or its error, plus the contract's identity."""
-    contract = get_contract(op_name)
+    """One op's (or selection's) decision record, or its error, plus the contract's identity."""
+    if op_name in _SELECTION_SIGNATURE:
+        signature, sglang_layer = _SELECTION_SIGNATURE[op_name]
+    else:
+        contract = get_contract(op_name)
+        signature, sglang_layer = contract.signature_text(), contract.sglang_layer
     error: str | None = None
     try:
-        decision = runtime.resolve(op_name).decision.to_dict()
+        decision = _decide(runtime, op_name).decision.to_dict()
     except SglangFlError as exc:
         # NoImplementationError carries the decision that rejected every candidate;
         # StrictModeError (an explicit choice that cannot be met) carries none.
@@ -69,8 +94,8 @@ def _op_report(runtime: Runtime, op_name: str) -> OpReport:
         decision = carried.to_dict() if carried is not None else _undecided(runtime, op_name)
     return {
         "op": op_name,
-        "signature": contract.signature_text(),
-        "sglang_layer": contract.sglang_layer,
+        "signature": signature,
+        "sglang_layer": sglang_layer,
         "chosen": decision["chosen"],
         "error": error,
         "order": decision["order"],
@@ -78,7 +103,7 @@ def _op_report(runtime: Runtime, op_name: str) -> OpReport:
         "candidates": decision["candidates"],
         "no_kernel": [
             {**provenance_fields(gap.provenance), "reason": gap.reason}
-            for gap in runtime.registry.no_kernel(op_name)
+            for gap in (() if op_name in SELECTIONS else runtime.registry.no_kernel(op_name))
         ],
     }
 
@@ -216,7 +241,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     runtime = _runtime()
-    reports = [_op_report(runtime, op) for op in STANDARD_OPS]
+    reports = [_op_report(runtime, op) for op in (*STANDARD_OPS, *SELECTIONS)]
 
     def text() -> str:
         rows: list[tuple[object, ...]] = []
@@ -493,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--verbose", "-v", action="store_true", help="show tracebacks")
     command("ops", cmd_ops, "every op, every candidate, and which one is chosen")
     explain = command("explain", cmd_explain, "the decision trace of one op")
-    explain.add_argument("op", help=f"one of: {', '.join(STANDARD_OPS)}")
+    explain.add_argument("op", help=f"one of: {', '.join((*STANDARD_OPS, *SELECTIONS))}")
     command("doctor", cmd_doctor, "environment, configuration and plugin problems")
     hooks = command("hooks", cmd_hooks, "every hook, its implementations in call order, answers")
     hooks.add_argument("hook", nargs="?", help="only this hook")

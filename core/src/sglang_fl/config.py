@@ -20,7 +20,7 @@ from typing import Any
 from ._files import append_target_problem
 from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, is_valid_name
 from .errors import ConfigError
-from .ops import STANDARD_OPS, unknown_op_message
+from .ops import SELECTIONS, STANDARD_OPS, unknown_op_message
 from .schema import ConfigurationJson
 from .verify import DEFAULT_VERIFY_CALLS
 
@@ -144,7 +144,7 @@ def _parse_prefer(raw: Any, where: str) -> OrderToken | None:
 
 
 def _check_op(name: str, where: str) -> str:
-    if name not in STANDARD_OPS:
+    if name not in STANDARD_OPS and name not in SELECTIONS:
         raise ConfigError(f"{where}: {unknown_op_message(name)}")
     return name
 

@@ -46,6 +46,7 @@ class ReportEvent(StrEnum):
     FALLBACK = "fallback"  # an implementation first declined a call; the next candidate ran it
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
     COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)
+    ATTENTION_BACKEND = "attention_backend"  # which SGLang attention backend serves (per runner)
 
 
 class Runner(StrEnum):

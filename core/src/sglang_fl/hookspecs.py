@@ -13,6 +13,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
 
 PROJECT_NAME = "sglang_fl"
@@ -72,4 +73,20 @@ def sglang_fl_communicator(group: CollectiveGroup) -> object | None:
     report records a ``fallback`` naming the plugin, the group and why. Under
     ``SGLANG_FL_STRICT=1`` it is a :class:`~sglang_fl.errors.StrictModeError` instead. The
     ranks agree on the outcome over ``group.cpu_group``, so they never mix libraries.
+    """
+
+
+@hookspec
+def sglang_fl_attention_backend() -> SglangAttentionBackendOffer | None:
+    """SGLang only: offer this plugin's whole SGLang attention backend, or ``None``.
+
+    Called once per process, each plugin alone and bounded by ``SGLANG_FL_PLUGIN_TIMEOUT``,
+    when SGLang builds its first ``sglang_fl`` attention backend (``--attention-backend
+    sglang_fl``, the default on sglang-fl's CPU platform) and when ``sglang-fl ops``/``explain``
+    list the candidates. Return a :class:`~sglang_fl.types.SglangAttentionBackendOffer` (its
+    factory builds the backend later, per model runner), not the backend itself. The offers and
+    sglang-fl's kernel-based backend (``reference.sglang_fl_attention``) are the candidates of
+    the selection ``sglang_attention_backend``, chosen by the policy like an op's
+    implementations. A hook that raises, hangs or returns something else is skipped and
+    reported (an error under ``SGLANG_FL_STRICT=1``).
     """

@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pluggy
@@ -25,7 +25,8 @@ from .config import Settings, is_valid_name, unmatched_names
 from .dispatch.availability import AvailabilityCache
 from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
-from .dispatch.resolve import Resolution, resolve
+from .dispatch.resolve import Resolution, resolve, resolve_among
+from .dispatch.types import OpImpl
 from .errors import PluginLoadError, SglangFlError
 from .guard import call_plugin_code, describe_exception, in_plugin_code, plain_str, safe_repr
 from .loader import (
@@ -93,6 +94,12 @@ class Runtime:
                 cached = resolve(op_name, self.registry, self.policy, self._availability)
                 self._resolutions[op_name] = cached
             return cached
+
+    def resolve_among(self, name: str, candidates: Iterable[OpImpl]) -> Resolution:
+        """A selection of :data:`~sglang_fl.ops.SELECTIONS` over ``candidates``, by this
+        process's policy and availability cache (uncached: the caller keeps it)."""
+        with self._lock:
+            return resolve_among(name, candidates, self.policy, self._availability)
 
     def resolve_all(self) -> Mapping[str, Resolution | SglangFlError]:
         """Every standard op's resolution, or the error explaining why it has none."""

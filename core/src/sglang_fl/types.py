@@ -25,7 +25,8 @@ Registering kernels
         sealed).
     :data:`hookimpl`
         The pluggy marker for a plugin's hook functions (``sglang_fl_register_ops``,
-        ``sglang_fl_platform``, ``sglang_fl_communicator``; see :mod:`sglang_fl.hookspecs`).
+        ``sglang_fl_platform``, ``sglang_fl_communicator``, ``sglang_fl_attention_backend``;
+        see :mod:`sglang_fl.hookspecs`).
 
 Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.collectives`)
     :class:`CollectiveGroup`
@@ -36,6 +37,14 @@ Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.co
         time, ``communicator``: the handle the hook returned for that group. A hook that
         raises or hangs leaves the group on the reference collectives (an error under
         ``SGLANG_FL_STRICT=1``); the handle's ``close()`` is its teardown.
+
+Offering a whole SGLang attention backend (instead of, or besides, attention kernels)
+    :class:`SglangAttentionBackendOffer`
+        What ``sglang_fl_attention_backend()`` returns: a ``factory(model_runner)`` building the
+        vendor's own SGLang ``AttentionBackend``, an optional availability probe, a priority
+        and a one-line description. It competes with sglang-fl's kernel-based backend in the
+        selection ``sglang_attention_backend`` (same policy as ops); a factory that raises
+        leaves the model runner on the kernel-based backend, reported (an error under strict).
 
 Describing a chip
     :class:`Backend`
@@ -72,6 +81,7 @@ from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
 
 __all__ = [
@@ -84,14 +94,15 @@ __all__ = [
     "OpImpl",
     "OpRegistry",
     "Provenance",
+    "SglangAttentionBackendOffer",
     "Unsupported",
     "hookimpl",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry`` and ``CollectiveGroup`` on first use (also for :mod:`sglang_fl`, which
-    re-exports this function).
+    """``OpRegistry``, ``CollectiveGroup`` and ``SglangAttentionBackendOffer`` on first use
+    (also for :mod:`sglang_fl`, which re-exports this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
     not (the CLI's ``--help``, SGLang's plugin discovery).
@@ -104,4 +115,8 @@ def __getattr__(name: str) -> Any:
         from .ops.collectives.group import CollectiveGroup
 
         return CollectiveGroup
+    if name == "SglangAttentionBackendOffer":
+        from .ops.attention.sglang_backend import SglangAttentionBackendOffer
+
+        return SglangAttentionBackendOffer
     raise AttributeError(f"sglang_fl has no attribute {name!r}")

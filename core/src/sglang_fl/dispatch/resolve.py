@@ -8,7 +8,7 @@ implementation itself, or, when a fallback exists, one closure that only catches
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,14 @@ from .policy import OrderPlan, SelectionPolicy
 from .registry import OpRegistry
 from .types import Availability, OpImpl
 
-__all__ = ["CandidateOutcome", "CandidateVerdict", "Decision", "Resolution", "resolve"]
+__all__ = [
+    "CandidateOutcome",
+    "CandidateVerdict",
+    "Decision",
+    "Resolution",
+    "resolve",
+    "resolve_among",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -129,10 +136,21 @@ def resolve(
     availability: AvailabilityCache,
 ) -> Resolution:
     """Choose the implementation of ``op_name``; raises :class:`NoImplementationError`."""
+    return resolve_among(op_name, registry.implementations(op_name), policy, availability)
+
+
+def resolve_among(
+    op_name: str,
+    candidates: Iterable[OpImpl],
+    policy: SelectionPolicy,
+    availability: AvailabilityCache,
+) -> Resolution:
+    """:func:`resolve` over given candidates: a selection whose candidates are not registered
+    kernels (:data:`sglang_fl.ops.SELECTIONS`) goes through the same policy."""
     plan = policy.plan(op_name)
     rejected: list[CandidateVerdict] = []
     survivors: list[_Survivor] = []
-    for impl in registry.implementations(op_name):
+    for impl in candidates:
         refusal = policy.vendor_refusal(impl)
         if refusal is not None:
             rejected.append(CandidateVerdict(impl, CandidateOutcome.REJECTED, refusal))

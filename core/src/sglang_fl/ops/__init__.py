@@ -17,7 +17,12 @@ from .activation.gelu_and_mul import CONTRACT as GELU_AND_MUL
 from .activation.gelu_new import CONTRACT as GELU_NEW
 from .activation.gelu_quick import CONTRACT as GELU_QUICK
 from .activation.silu_and_mul import CONTRACT as SILU_AND_MUL
-from .attention import DECODE_ATTENTION, EXTEND_ATTENTION, STORE_KV_CACHE
+from .attention import (
+    DECODE_ATTENTION,
+    EXTEND_ATTENTION,
+    SGLANG_ATTENTION_BACKEND,
+    STORE_KV_CACHE,
+)
 from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .collectives import COLLECTIVES
 from .contract import OpCase, OpContract, OpInputs, Tolerance
@@ -31,6 +36,7 @@ from .rotary.mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
 from .rotary.rotary_embedding import CONTRACT as ROTARY_EMBEDDING
 
 __all__ = [
+    "SELECTIONS",
     "STANDARD_OPS",
     "OpCase",
     "OpContract",
@@ -66,6 +72,10 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
     }
 )
 
+# Choices the policy makes like an op's but whose candidates are not kernels (no contract, not
+# in the registry): a name here is a valid ``per_op`` key and ``sglang-fl explain`` argument.
+SELECTIONS: tuple[str, ...] = (SGLANG_ATTENTION_BACKEND,)
+
 
 def unknown_op_message(name: str) -> str:
     """``unknown op 'rms_nrom' (did you mean 'rms_norm'?); known ops: ...``."""
@@ -73,7 +83,7 @@ def unknown_op_message(name: str) -> str:
     close = difflib.get_close_matches(name, STANDARD_OPS, n=1)
     if close:
         message += f" (did you mean {close[0]!r}?)"
-    return message + f"; known ops: {', '.join(STANDARD_OPS)}"
+    return message + f"; known ops: {', '.join(STANDARD_OPS)}; selections: {', '.join(SELECTIONS)}"
 
 
 def get_contract(name: str) -> OpContract:

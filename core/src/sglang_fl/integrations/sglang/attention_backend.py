@@ -37,6 +37,7 @@ from ...ops.attention import NO_WINDOW, attention_layer
 from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from ..routing import Bridge, Forward, Handoff, LayerRouter, qualname
+from .backend_selection import build_backend
 
 __all__ = [
     "BACKEND_NAME",
@@ -45,6 +46,7 @@ __all__ = [
     "SglangFlAttnBackend",
     "create_backend",
     "install",
+    "kernel_backend_factory",
 ]
 
 BACKEND_NAME = "sglang_fl"
@@ -212,20 +214,15 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        kernels = self._kernels(layer)
-        reason = self._handoff_reason(layer, forward_batch, kwargs)
-        if kernels.extend is None or reason is not None:
-            native = self._sglang(reason or "no extend_attention implementation")
-            handed: torch.Tensor = native.forward_extend(
+        served = self._begin(AttentionOp.EXTEND, layer, forward_batch, kwargs, k, v, save_kv_cache)
+        if isinstance(served, str):
+            handed: torch.Tensor = self._sglang(served).forward_extend(
                 q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
             )
             return handed
-        md = self.forward_metadata
-        assert md is not None, "init_forward_metadata was not called for this forward"
-        if save_kv_cache and k is not None and v is not None:
-            self._store(kernels, layer, md, k, v)
+        kernel, md = served
         heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
-        out: torch.Tensor = kernels.extend(
+        out: torch.Tensor = kernel(
             q.view(-1, heads, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
@@ -248,23 +245,17 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        kernels = self._kernels(layer)
-        reason = self._handoff_reason(layer, forward_batch, kwargs)
-        if kernels.decode is None or reason is not None:
-            native = self._sglang(reason or "no decode_attention implementation")
-            handed: torch.Tensor = native.forward_decode(
+        served = self._begin(AttentionOp.DECODE, layer, forward_batch, kwargs, k, v, save_kv_cache)
+        if isinstance(served, str):
+            handed: torch.Tensor = self._sglang(served).forward_decode(
                 q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
             )
             return handed
-        md = self.forward_metadata
-        assert md is not None, "init_forward_metadata was not called for this forward"
-        # As torch_native: a compiled rope may hand over a 3-D q.
-        q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
-        if save_kv_cache and k is not None and v is not None:
-            self._store(kernels, layer, md, k, v)
+        kernel, md = served
         heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
-        out: torch.Tensor = kernels.decode(
-            q.view(-1, heads, layer.qk_head_dim),
+        out: torch.Tensor = kernel(
+            # As torch_native: a compiled rope may hand over a 3-D q.
+            q.reshape(-1, heads, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             self.req_to_token_pool.req_to_token,
@@ -273,6 +264,31 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             self.page_size,
         )
         return out.view(-1, heads * v_dim)
+
+    def _begin(
+        self,
+        op_name: str,
+        layer: Any,
+        forward_batch: Any,
+        kwargs: dict[str, Any],
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        save_kv_cache: bool,
+    ) -> tuple[Forward, ForwardMetadata] | str:
+        """The prologue both forwards share: the layer's bound kernel for ``op_name`` and the
+        forward's metadata, the new K/V stored; or why SGLang's torch_native runs the call."""
+        kernels = self._kernels(layer)
+        kernel = kernels.decode if op_name == AttentionOp.DECODE else kernels.extend
+        reason = self._handoff_reason(layer, forward_batch, kwargs)
+        if reason is not None:
+            return reason
+        if kernel is None:
+            return f"no {op_name} implementation"
+        md = self.forward_metadata
+        assert md is not None, "init_forward_metadata was not called for this forward"
+        if save_kv_cache and k is not None and v is not None:
+            self._store(kernels, layer, md, k, v)
+        return kernel, md
 
     def support_triton(self) -> bool:
         return False
@@ -492,14 +508,35 @@ _cls: type | None = None
 
 
 def create_backend(model_runner: Any) -> Any:
-    """``ATTENTION_BACKENDS["sglang_fl"]``: SGLang calls it once per model runner."""
-    global _cls
+    """``ATTENTION_BACKENDS["sglang_fl"]``: SGLang calls it once per model runner.
+
+    The policy chooses between this module's kernel-based backend and the whole backends
+    vendors offer (:mod:`.backend_selection`); one ``attention_backend`` record says which.
+    """
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
     from .plugin import get_router
 
-    if _cls is None:
-        _cls = _backend_class()
     router = get_router() or _private_router(get_runtime())
-    return _cls(model_runner, router)
+    return build_backend(
+        router.runtime,
+        router.report,
+        model_runner,
+        kernel_backend_factory(router),
+        AttentionBackend,
+    )
+
+
+def kernel_backend_factory(router: LayerRouter) -> Callable[[Any], Any]:
+    """The kernel-based backend's factory (the selection's reference candidate)."""
+
+    def build(model_runner: Any) -> Any:
+        global _cls
+        if _cls is None:
+            _cls = _backend_class()
+        return _cls(model_runner, router)
+
+    return build
 
 
 def _private_router(runtime: Runtime) -> LayerRouter:
