@@ -340,7 +340,8 @@ def bench(session: nox.Session) -> None:
     matplotlib) and a small one for the start-up measurements (CPU torch and the wheels), built
     only when that part runs. Writes benchmarks/results/latest.{json,md}, startup.png and
     e2e.{json,md} and prints the tables; ``-- --update-docs`` also refreshes the tables
-    of docs/benchmarks.md, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part.
+    of docs/benchmarks.md, ``-- --quick`` is a shorter run, ``-- --only e2e`` runs one part
+    (also ``attention``, ``collectives``, ``linear_attention``: ``<part>.{json,md}``).
     """
     install_sglang(session)
     install_real_model_deps(session)

@@ -48,11 +48,20 @@ VARIANTS = {
 class Worker:
     """An ``e2e_worker.py`` subprocess: one engine, timed batches over stdin/stdout."""
 
-    def __init__(self, name: str, model: Path, dtype: str, extra_env: dict[str, str], log: Path):
+    def __init__(
+        self,
+        name: str,
+        model: Path,
+        dtype: str,
+        extra_env: dict[str, str],
+        log: Path,
+        attention_backend: str | None = None,
+    ):
         env = clean_env(**extra_env, SGLANG_FL_DISPATCH_LOG=str(log))
         self.name, self.log = name, log
+        backend = [attention_backend] if attention_backend else []
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "e2e_worker.py"), str(model), dtype],
+            [sys.executable, str(HERE / "e2e_worker.py"), str(model), dtype, *backend],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -177,4 +186,87 @@ def run(
         "target": TARGET_RATIO,
         "met": ratio >= TARGET_RATIO,
         "routed_ops": routed,
+    }
+
+
+ATTENTION_BACKENDS = ("sglang_fl", "torch_native")
+ATTENTION_TARGET = 1.0  # sglang_fl (reference kernels) tokens/s over torch_native's, medians
+ATTENTION_OPS = {"store_kv_cache", "decode_attention", "extend_attention"}
+
+
+def run_attention(
+    dtype: str = "bfloat16",
+    repetitions: int = 5,
+    new_tokens: int = 32,
+    batch: int = len(QUESTIONS),
+) -> dict[str, Any]:
+    """The real model with ``--attention-backend sglang_fl`` and ``torch_native`` side by side.
+
+    Both workers route the other layers through sglang-fl alike; only the attention backend
+    differs. Per repetition, in alternating order: prefill tokens/s is the batch's prompt
+    tokens over the one-token batch's time, decode tokens/s as in :func:`run`. The sglang_fl
+    worker's dispatch log must name the three attention ops; torch_native's none.
+    """
+    model = prepare(progress=lambda message: print(f"  {message}", flush=True))
+    input_ids = chat_input_ids(model, QUESTIONS[:batch])
+    workdir = Path(tempfile.mkdtemp(prefix="sglang-fl-e2e-attention-"))
+    workers: dict[str, Worker] = {}
+    decode: dict[str, list[float]] = {name: [] for name in ATTENTION_BACKENDS}
+    prefill: dict[str, list[float]] = {name: [] for name in ATTENTION_BACKENDS}
+    try:
+        for name in ATTENTION_BACKENDS:
+            began = time.monotonic()
+            workers[name] = Worker(name, model, dtype, {}, workdir / f"{name}.jsonl", name)
+            print(f"  {name} engine up in {time.monotonic() - began:.0f} s", flush=True)
+        for worker in workers.values():
+            worker.time_batch(input_ids, new_tokens)
+        for repetition in range(repetitions):
+            order = ATTENTION_BACKENDS if repetition % 2 == 0 else ATTENTION_BACKENDS[::-1]
+            for name in order:
+                first = workers[name].time_batch(input_ids, 1)
+                full = workers[name].time_batch(input_ids, new_tokens)
+                decoded = full["completion_tokens"] - first["completion_tokens"]
+                decode[name].append(decoded / (full["seconds"] - first["seconds"]))
+                prefill[name].append(first["prompt_tokens"] / first["seconds"])
+                print(
+                    f"  repetition {repetition + 1}: {name} decode {decode[name][-1]:.1f}, "
+                    f"prefill {prefill[name][-1]:.1f} tokens/s",
+                    flush=True,
+                )
+        served = {
+            name: sorted(
+                {
+                    r["op"]
+                    for r in read_log(worker.log)
+                    if r["event"] == "layer" and r.get("attention_backend") == "sglang_fl"
+                }
+            )
+            for name, worker in workers.items()
+        }
+    finally:
+        for worker in workers.values():
+            worker.close()
+    for log in workdir.glob("*.jsonl"):
+        log.unlink()
+    workdir.rmdir()
+    if set(served["sglang_fl"]) != ATTENTION_OPS or served["torch_native"]:
+        raise RuntimeError(f"the backends did not run what they claim; attention ops: {served}")
+    ratios = {
+        what: statistics.median(samples["sglang_fl"]) / statistics.median(samples["torch_native"])
+        for what, samples in (("decode", decode), ("prefill", prefill))
+    }
+    return {
+        "model": MODEL_NAME,
+        "dtype": dtype,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "prompt_tokens": [len(ids) for ids in input_ids],
+        "repetitions": repetitions,
+        "decode_tokens_per_s": {name: _spread(v) for name, v in decode.items()},
+        "prefill_tokens_per_s": {name: _spread(v) for name, v in prefill.items()},
+        "samples": {"decode": decode, "prefill": prefill},
+        "ratios": ratios,
+        "target": ATTENTION_TARGET,
+        "met": all(ratio >= ATTENTION_TARGET for ratio in ratios.values()),
+        "attention_ops": served,
     }

@@ -1,7 +1,8 @@
 """One SGLang engine on the real model, timed batch by batch on request (run by ``e2e.py``).
 
-``python e2e_worker.py MODEL_DIR DTYPE`` starts ``sglang.Engine`` on the CPU with this
-process's environment (``SGLANG_FORCE_FUSED_OP_BACKEND``, ``SGLANG_FL_DISPATCH_LOG``), prints
+``python e2e_worker.py MODEL_DIR DTYPE [ATTENTION_BACKEND]`` starts ``sglang.Engine`` on the
+CPU (with that ``attention_backend``, if given) and this process's environment
+(``SGLANG_FORCE_FUSED_OP_BACKEND``, ``SGLANG_FL_DISPATCH_LOG``), prints
 ``{"ready": true, "pid": ...}``, then answers one JSON line per request read from stdin:
 ``{"input_ids": [[...], ...], "max_new_tokens": N}`` -> ``{"seconds": ..., "completion_tokens":
 ...}``, until stdin closes. Two workers (routed and forward_native) stay up side by side so
@@ -22,10 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sglan
 def main(argv: list[str]) -> int:
     from engine_run import start_engine
 
-    model_dir, dtype = argv
+    model_dir, dtype, *backend = argv
+    attention = {"attention_backend": backend[0]} if backend else {}
     # The radix cache would let later repetitions skip prefill that earlier ones paid for;
     # an idle engine sleeps instead of polling, so it does not slow down the one being timed.
-    engine = start_engine(model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True)
+    engine = start_engine(
+        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **attention
+    )
     try:
         print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
         for line in sys.stdin:
@@ -39,7 +43,9 @@ def main(argv: list[str]) -> int:
             outputs = engine.generate(input_ids=request["input_ids"], sampling_params=sampling)
             seconds = time.perf_counter() - began
             tokens = sum(out["meta_info"]["completion_tokens"] for out in outputs)
-            print(json.dumps({"seconds": seconds, "completion_tokens": tokens}), flush=True)
+            prompt = sum(out["meta_info"]["prompt_tokens"] for out in outputs)
+            answer = {"seconds": seconds, "completion_tokens": tokens, "prompt_tokens": prompt}
+            print(json.dumps(answer), flush=True)
     finally:
         engine.shutdown()
     return 0

@@ -3,10 +3,14 @@
 Usually run by ``nox -s bench``, which builds both environments it needs: this interpreter's
 (SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
 start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
-``--only e2e`` (or ``calls``, ``startup``; repeatable) runs some parts only: the per-call and
-start-up parts write ``latest.*``, the end-to-end part ``e2e.*``; with ``--update-docs`` each
-also rewrites its marked section of the documentation's page, ``docs/benchmarks.md`` (the plot
-is copied next to it, to ``docs/assets/``, since the site holds only what lies under ``docs/``).
+``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``, ``linear_attention``;
+repeatable) runs some parts only: the per-call and start-up parts write ``latest.*``, the
+end-to-end part ``e2e.*``, the others ``<part>.*`` (the attention part: the real model with
+``--attention-backend sglang_fl`` vs ``torch_native``, plus ``attention.py``'s bookkeeping;
+``collectives.py`` and ``linear_attention.py`` run as subprocesses, their output kept); with
+``--update-docs`` each also rewrites its marked section of the documentation's page,
+``docs/benchmarks.md`` (the plot is copied next to it, to ``docs/assets/``, since the site
+holds only what lies under ``docs/``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ import startup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("calls", "startup", "e2e")
+PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention")
+# Parts that are a script of their own, run as a subprocess (their internals are theirs):
+# part -> (script, its arguments, its --quick arguments).
+SCRIPT_PARTS = {
+    "collectives": ("collectives.py", ["--reps", "30"], ["--reps", "10"]),
+    "linear_attention": ("linear_attention.py", [], ["--quick"]),
+}
+SCRIPT_TIMEOUT_S = 3600
 DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PLOT = ROOT / "docs" / "assets" / "startup.png"
 
@@ -116,7 +127,98 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, "e2e", result, text)
         if args.update_docs:
             _update_docs(text, report.DOC_E2E_START, report.DOC_E2E_END)
+    if "attention" in parts:
+        _attention(args, command)
+    for part in SCRIPT_PARTS:
+        if part in parts:
+            _script_part(args, command, part)
     return 0
+
+
+def _script(name: str, arguments: list[str]) -> dict[str, Any]:
+    """``benchmarks/<name>`` in a subprocess of this interpreter: its output and exit status."""
+    began = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(HERE / name), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        print(proc.stderr[-4000:], file=sys.stderr)
+    return {
+        "script": f"benchmarks/{name} {' '.join(arguments)}".strip(),
+        "returncode": proc.returncode,
+        "stdout": proc.stdout,
+        "duration_s": round(time.perf_counter() - began, 1),
+    }
+
+
+def _header(command: str) -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "date": _date(),
+        "commit": _commit(),
+        "command": command,
+        "machine": _machine(),
+    }
+
+
+def _script_part(args: argparse.Namespace, command: str, part: str) -> None:
+    name, full, quick = SCRIPT_PARTS[part]
+    print(f"{part} ({name}):", flush=True)
+    run = _script(name, quick if args.quick else full)
+    result = {**_header(command), part: run}
+    text = (
+        f"### {part}\n\n{result['date']}, commit {result['commit']}, `{run['script']}` "
+        f"(exit {run['returncode']}, {run['duration_s']} s)\n\n```\n{run['stdout'].rstrip()}\n```\n"
+    )
+    _write(args.out, part, result, text)
+    if run["returncode"] != 0:
+        raise SystemExit(f"{name} failed (exit {run['returncode']})")
+
+
+def _attention(args: argparse.Namespace, command: str) -> None:
+    print("attention backends on the real model: sglang_fl vs torch_native:", flush=True)
+    began = time.perf_counter()
+    measured = e2e.run_attention(repetitions=3 if args.quick else 5)
+    bookkeeping = _script("attention.py", ["--reps", "7" if args.quick else "15"])
+    result = {
+        **_header(command),
+        "attention": measured,
+        "bookkeeping": bookkeeping,
+        "duration_s": round(time.perf_counter() - began, 1),
+    }
+    rows = [
+        f"| {what} | {measured[f'{what}_tokens_per_s']['sglang_fl']['median']:.1f} | "
+        f"{measured[f'{what}_tokens_per_s']['torch_native']['median']:.1f} | "
+        f"{measured['ratios'][what]:.3f}x |"
+        for what in ("decode", "prefill")
+    ]
+    text = "\n".join(
+        [
+            "### Attention backends on the real model",
+            "",
+            f"{result['date']}, commit {result['commit']}, `{command}`; {measured['model']} "
+            f"{measured['dtype']}, batch {measured['batch']}, {measured['new_tokens']} new tokens, "
+            f"{measured['repetitions']} interleaved repetitions (medians; target "
+            f">= {measured['target']}x: {'met' if measured['met'] else 'NOT met'}).",
+            "",
+            "| tokens/s | sglang_fl (reference kernels) | torch_native | ratio |",
+            "|---|---:|---:|---:|",
+            *rows,
+            "",
+            f"The backend's own bookkeeping (`{bookkeeping['script']}`, exit "
+            f"{bookkeeping['returncode']}):",
+            "",
+            "```",
+            bookkeeping["stdout"].rstrip(),
+            "```",
+            "",
+        ]
+    )
+    _write(args.out, "attention", result, text)
 
 
 def _calls_and_startup(args: argparse.Namespace, command: str) -> None:

@@ -88,7 +88,8 @@ def test_without_offers_the_kernel_based_backend_serves(tmp_path):
         REFERENCE_IMPL_ID,
         "reference",
     )
-    assert record["backend_class"] == "builtins.list" and record["failed"] == []
+    assert record["backend_class"] == "builtins.list"
+    assert record["failed"] == []
 
 
 def test_an_offer_ranks_above_the_kernels_by_the_default_order(acme, tmp_path):
@@ -119,7 +120,8 @@ def test_the_policy_governs_the_offer(acme, tmp_path, monkeypatch, variable, val
     backend, _ = build(tmp_path)
     assert backend == ["kernels", "runner-0"]
     outcome, reason = outcomes(Runtime(Settings.from_environment()))[VENDOR_ID]
-    assert outcome == "rejected" and why in reason
+    assert outcome == "rejected"
+    assert why in reason
 
 
 def test_prefer_reference_keeps_the_offer_as_fallback(acme, tmp_path, monkeypatch):

@@ -76,7 +76,8 @@ def test_the_vendors_backend_serves_with_torch_natives_tokens(native: dict[str, 
     )
     assert record["distribution"] == "sglang-fl-wholebackend"
     assert record["backend_class"].endswith("RecordingBackend"), record
-    assert record["failed"] == [] and "matches vendor" in record["reason"]
+    assert record["failed"] == []
+    assert "matches vendor" in record["reason"]
     # It really ran, in the scheduler that recorded it, and no attention kernel was bound.
     assert native["calls"].read_text().split() == [str(record["pid"])]
     assert not [r for r in read_log(native["log"]) if r.get("attention_backend") == "sglang_fl"]
@@ -117,9 +118,12 @@ def test_a_factory_that_raises_falls_back_reported(
     assert record["impl_id"] == KERNEL_BACKEND
     assert record["failed"] == [VENDOR_IMPL_ID]
     fallbacks = [
-        r for r in read_log(log) if r["event"] == "fallback" and r["op"] == "sglang_attention_backend"
+        r
+        for r in read_log(log)
+        if r["event"] == "fallback" and r["op"] == "sglang_attention_backend"
     ]
-    assert fallbacks and {(r["impl_id"], r["next_impl_id"]) for r in fallbacks} == {
+    assert fallbacks
+    assert {(r["impl_id"], r["next_impl_id"]) for r in fallbacks} == {
         (VENDOR_IMPL_ID, KERNEL_BACKEND)
     }
     assert all(RAISE_MESSAGE in r["reason"] for r in fallbacks)
