@@ -5,7 +5,9 @@ A chip maker's wheel supplies only kernels (``store_kv_cache``, ``decode_attenti
 them. :func:`install` registers it under :data:`BACKEND_NAME` through SGLang's own registry
 (``layers/attention/attention_registry.py`` ``register_attention_backend``) and adds the name
 to ``--attention-backend``'s choices (``arg_groups/choices.py``
-``add_attention_backend_choices``); sglang-fl's CPU platform makes it the default.
+``add_attention_backend_choices``); sglang-fl's CPU platform makes it the default. What
+:func:`create_backend` builds is a policy selection (:mod:`.backend_selection`): this
+kernel-based backend, or a whole backend a vendor offers through ``sglang_fl_attention_backend``.
 
 Per forward, :meth:`SglangFlAttnBackend.init_forward_metadata` collects the batch's tensors
 once (the sliding-window slot translation included, as ``torch_native`` does). Per layer, on
