@@ -175,7 +175,11 @@ def test_ops_json(capsys, plugin_site, only):
     code, data = run_json(capsys, "ops")
     assert code == 0
     assert data["schema_version"] == 1
-    assert [op["op"] for op in data["ops"]] == OPS
+    # The ops, then the selections (their candidates are not registered kernels).
+    assert [op["op"] for op in data["ops"]] == [*OPS, "sglang_attention_backend"]
+    backend = data["ops"].pop()
+    assert backend["chosen"] == "reference.sglang_fl_attention"
+    assert backend["signature"] == "factory(model_runner) -> sglang AttentionBackend"
     for op in data["ops"]:
         assert op["error"] is None
         assert op["chosen"] == f"reference.{op['op']}"
