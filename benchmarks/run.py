@@ -41,6 +41,7 @@ SCRIPT_PARTS = {
     "linear_attention": ("linear_attention.py", [], ["--quick"]),
 }
 SCRIPT_TIMEOUT_S = 3600
+DOC_ATTENTION = ("<!-- bench-attention:start -->", "<!-- bench-attention:end -->")
 DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PLOT = ROOT / "docs" / "assets" / "startup.png"
 
@@ -219,6 +220,8 @@ def _attention(args: argparse.Namespace, command: str) -> None:
         ]
     )
     _write(args.out, "attention", result, text)
+    if args.update_docs:
+        _update_docs(text, *DOC_ATTENTION)
 
 
 def _calls_and_startup(args: argparse.Namespace, command: str) -> None:
