@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -171,20 +172,23 @@ def _provenance(runtime: Runtime, plugin: str) -> Provenance:
     return Provenance(plugin, record.distribution or "<unknown>", record.version or "")
 
 
-_resolutions: dict[int, Resolution | NoImplementationError] = {}
+# Per runtime, dropped with it (a test's runtime; an id could be reused).
+_resolutions: weakref.WeakKeyDictionary[Runtime, Resolution | NoImplementationError] = (
+    weakref.WeakKeyDictionary()
+)
 _lock = threading.Lock()
 
 
 def _cached_select(runtime: Runtime, build_kernel_backend: Callable[[Any], Any]) -> Resolution:
     """:func:`select` once per runtime (process): the hooks run once, not per model runner."""
     with _lock:
-        cached = _resolutions.get(id(runtime))
+        cached = _resolutions.get(runtime)
         if cached is None:
             try:
                 cached = select(runtime, build_kernel_backend)
             except NoImplementationError as exc:
                 cached = exc
-            _resolutions[id(runtime)] = cached
+            _resolutions[runtime] = cached
     if isinstance(cached, NoImplementationError):
         raise cached
     return cached
