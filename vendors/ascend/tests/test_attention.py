@@ -229,3 +229,15 @@ def test_the_causal_mask_is_built_once_per_device(torch_npu: TorchNpuDouble) -> 
     assert first.shape == (2048, 2048)
     assert bool(first[0, 1])  # True above the diagonal: masked
     assert not bool(first[1, 0])
+
+
+def test_a_release_without_the_operators_declines(
+    torch_npu: TorchNpuDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's probe does not require the attention operators: a torch_npu without them
+    still serves the other ops, and these calls are declined by name."""
+    monkeypatch.setattr(torch_npu, "_npu_reshape_and_cache", None)
+    _, k_cache, v_cache, *_ = pool((5,), page_size=1)
+    with pytest.raises(Unsupported, match="has no _npu_reshape_and_cache"):
+        store_kv_cache(None, k_cache, v_cache, torch.tensor([7]), k_cache[:1], v_cache[:1])
+    assert torch_npu.calls == []

@@ -79,7 +79,7 @@ def store_kv_cache(
     if loc.shape[0] == 0:
         return k_cache, v_cache
     kv_heads = k_cache.shape[1]
-    TORCH_NPU.require()._npu_reshape_and_cache(
+    _operator("_npu_reshape_and_cache")(
         key=k.to(k_cache.dtype).contiguous(),
         value=v.to(v_cache.dtype).contiguous(),
         key_cache=k_cache.view(-1, 1, kv_heads, k_cache.shape[-1]),
@@ -87,6 +87,17 @@ def store_kv_cache(
         slot_indices=loc.to(torch.int32),
     )
     return k_cache, v_cache
+
+
+def _operator(name: str) -> Any:
+    """``torch_npu.<name>``, or ``Unsupported`` on a release without it (the backend's probe
+    does not require the attention operators, so older releases still serve the other ops)."""
+    torch_npu = TORCH_NPU.require()
+    operator = getattr(torch_npu, name, None)
+    if operator is None:
+        version = getattr(torch_npu, "__version__", "?")
+        raise Unsupported(f"torch_npu {version} has no {name}")
+    return operator
 
 
 def _check(
@@ -148,7 +159,7 @@ def decode_attention(
     batch, heads, d = q.shape
     if batch == 0:
         return q.new_empty((0, heads, d))
-    out, _ = TORCH_NPU.require().npu_fused_infer_attention_score(
+    out, _ = _operator("npu_fused_infer_attention_score")(
         q.contiguous().view(batch, 1, heads * d),
         _blocks(k_cache, page_size),
         _blocks(v_cache, page_size),
@@ -198,7 +209,7 @@ def extend_attention(
             options.update(
                 sparse_mode=SparseMode.BAND, pre_tokens=obj.sliding_window_size, next_tokens=0
             )
-    out, _ = TORCH_NPU.require().npu_fused_infer_attention_score(
+    out, _ = _operator("npu_fused_infer_attention_score")(
         q.contiguous(),
         _blocks(k_cache, page_size),
         _blocks(v_cache, page_size),
