@@ -57,13 +57,17 @@ def test_every_case_passes_or_is_declined(script: ModuleType, torch_npu: TorchNp
     declined = [r for r in found if r.status == "skipped"]
     # npu_mrope takes bf16 head sizes in multiples of 32 only (rotary_dim 16 is handed on), no
     # interleaved mrope sections and no float32 cache with bf16 queries; the MoE adapters
-    # decline what test_adapters.declined lists.
+    # decline what test_adapters.declined lists; the attention adapters what
+    # test_attention.declined lists (extend: no case page size is a multiple of 128).
     assert {r.op for r in declined} <= {
         "rotary_embedding",
         "mrotary_embedding",
         "topk",
         "fused_moe",
+        "decode_attention",
+        "extend_attention",
     }
+    assert "extend_attention" in {r.op for r in declined}
     assert {"rotary_embedding", "mrotary_embedding"} <= {r.op for r in declined}
     plain = [r for r in declined if r.op == "rotary_embedding"]
     assert all("rotary_dim=16," in r.case for r in plain)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from attention_calls import ATTENTION_REJECTED, ATTENTION_VALID
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.testing.doubles import (
@@ -243,6 +244,10 @@ REJECTED: dict[Constraint, Call] = {
     D.MROPE_ALIGNMENT: mrope(query=t(3, 4 * 16), cache=t(8, 16), head_size=16),  # fp16: 32
 }
 
+
+# The attention operators' calls live beside their double part (attention_calls.py).
+VALID += ATTENTION_VALID
+REJECTED |= ATTENTION_REJECTED
 
 test_valid_calls_pass, test_rejects_what_the_sdk_rejects, test_every_constraint_is_covered = (
     constraint_tests(TorchNpuDouble, VALID, REJECTED)

@@ -11,7 +11,9 @@ methods call, their argument order and return tuples: ``npu_swiglu`` -> ``y``,
 (``npu_moe_gating_top_k_softmax`` -> ``(y, expert_idx, row_idx)``, ``npu_moe_gating_top_k`` ->
 ``(y, expert_idx, norm_out)``, ``npu_moe_init_routing_v2`` -> ``(expanded_x, expanded_row_idx,
 expert_tokens_count, expanded_scale)``, ``npu_grouped_matmul`` -> ``[y]``,
-``npu_moe_finalize_routing`` -> ``out``), ``npu.device_count()`` and ``npu.get_soc_version()``.
+``npu_moe_finalize_routing`` -> ``out``), ``npu.device_count()`` and ``npu.get_soc_version()``,
+and the attention operators (``_npu_reshape_and_cache``, ``npu_fused_infer_attention_score``)
+of ``torch_npu_attention_double.py``.
 It emulates one torch_npu release on one SoC (``TorchNpuDouble(version=, soc_version=)``):
 the constraints that differ by release (the MoE gating operator) or SoC (bfloat16 GELUs)
 check those of the emulated ones. Every operator returns new
@@ -29,8 +31,9 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch_npu_attention_double import AttentionOperators
 
-from sglang_fl.testing.doubles import Constraint, SdkDouble
+from sglang_fl.testing.doubles import Constraint
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -50,7 +53,7 @@ A2_SOC = 220  # torch_npu.npu.get_soc_version() of an Atlas A2 (Ascend910B1)
 BF16_GELU_SOCS = (*range(220, 226), *range(250, 256))
 
 
-class TorchNpuDouble(SdkDouble):
+class TorchNpuDouble(AttentionOperators):
     """``torch_npu`` stand-in with ``devices`` visible NPUs, emulating torch_npu ``version``
     on the SoC ``torch_npu.npu.get_soc_version()`` returns (``soc_version``): the operators
     whose constraints differ by release or SoC check those of the emulated ones."""

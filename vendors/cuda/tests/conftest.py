@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
-from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL
 from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 
 from sglang_fl.testing.doubles import install_double
@@ -26,3 +27,9 @@ def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
     module = sys.modules[SGLANG_FUSED_MOE]
     assert isinstance(module, SglangTritonMoeDouble)
     return module
+
+
+@pytest.fixture
+def flash_attn(monkeypatch: pytest.MonkeyPatch) -> FlashAttnDouble:
+    """A fresh double as ``sgl_kernel.flash_attn`` (FlashAttention-3), on an emulated sm90."""
+    return install_double(monkeypatch, FlashAttnDouble(), FLASH_ATTN)

@@ -18,6 +18,8 @@ import torch
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
+from sglang_fl_cuda.impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
+from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
@@ -30,7 +32,11 @@ from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
 from sglang_fl.testing.vendor import VendorSuite, topk_config
 
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
-REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
+REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
+# The attention adapters call FlashAttention-3, not sgl_kernel's top-level kernels: their cases
+# run in test_attention.py against that double.
+ATTENTION = {"decode_attention", "extend_attention"}
+CASES = [param for param in SUITE.contract_cases() if param.values[0] not in ATTENTION]
 
 
 # The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
@@ -42,10 +48,7 @@ WITHOUT_KERNEL = {
     "mrotary_embedding",
     "clamp_position",
     "fused_gate_sigmoid_mul",
-    # Until this wheel has adapters for FlashInfer's / sgl_kernel's attention kernels.
-    "store_kv_cache",
-    "decode_attention",
-    "extend_attention",
+    *ATTENTION_NO_KERNEL,  # sgl_kernel has no KV store kernel (SGLang's JIT one stays)
     *LINEAR_ATTENTION_NO_KERNEL,  # SGLang's own Triton GDN kernels stay in place
 }
 
@@ -83,6 +86,8 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "gemma_rms_norm": gemma_rms_norm,
         "topk": topk,
         "fused_moe": fused_moe,
+        "decode_attention": decode_attention,
+        "extend_attention": extend_attention,
     }
     # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
     kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}

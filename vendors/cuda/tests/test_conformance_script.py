@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
 from sglang_fl_cuda.plugin import NO_KERNEL
@@ -49,7 +50,10 @@ def narrow_gates(op: str, dtypes: tuple[torch.dtype, ...]) -> int:
 
 
 def test_every_case_is_checked_and_measured(
-    script: ModuleType, sgl_kernel: SglKernelDouble, sglang_triton_moe: SglangTritonMoeDouble
+    script: ModuleType,
+    sgl_kernel: SglKernelDouble,
+    sglang_triton_moe: SglangTritonMoeDouble,
+    flash_attn: FlashAttnDouble,
 ) -> None:
     # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
     sglang_triton_moe.published = False
@@ -62,8 +66,13 @@ def test_every_case_is_checked_and_measured(
     declined = [r for r in rows if r.status == "skipped"]
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
     # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
-    # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors.
+    # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors;
+    # FlashAttention-3 has no float32 kernel and no 96/64 key/value head sizes.
     assert {(r.op, r.dtype) for r in declined} == {
+        ("decode_attention", "float16"),
+        ("decode_attention", "float32"),
+        ("extend_attention", "float16"),
+        ("extend_attention", "float32"),
         ("rms_norm", "float32"),
         ("gemma_rms_norm", "float32"),
         ("topk", "float16"),

@@ -6,6 +6,7 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import AscendBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.attention import decode_attention, extend_attention, store_kv_cache
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -15,13 +16,6 @@ from .impl.rotary import mrotary_embedding, rotary_embedding
 NO_KERNEL = {
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
-    # torch_npu has operators (_npu_reshape_and_cache, npu_fused_infer_attention_score); this
-    # wheel has no adapter for them yet, so it declares none rather than ship an untested one.
-    **dict.fromkeys(
-        ("store_kv_cache", "decode_attention", "extend_attention"),
-        "no adapter in this wheel yet for torch_npu's attention operators "
-        "(_npu_reshape_and_cache, npu_fused_infer_attention_score)",
-    ),
     **LINEAR_ATTENTION_NO_KERNEL,
 }
 
@@ -45,6 +39,9 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "mrotary_embedding": mrotary_embedding,
                 "topk": topk,
                 "fused_moe": fused_moe,
+                "store_kv_cache": store_kv_cache,
+                "decode_attention": decode_attention,
+                "extend_attention": extend_attention,
             }
         )
     )

@@ -8,7 +8,7 @@ import torch
 
 from sglang_fl.types import Availability, Backend, ChipSdk
 
-__all__ = ["SGL_KERNEL", "CudaBackend"]
+__all__ = ["FLASH_ATTN", "SGL_KERNEL", "CudaBackend"]
 
 
 def _no_cuda_hint() -> str:
@@ -38,6 +38,18 @@ SGL_KERNEL = ChipSdk(
         "gemma_rmsnorm",
         "gemma_fused_add_rmsnorm",
     ),
+    no_device_hint=_no_cuda_hint,
+)
+
+# sgl_kernel's FlashAttention-3 wrapper module (what SGLang's ``fa3`` attention backend imports):
+# a submodule that ``import sgl_kernel`` does not load, probed on its own so that a wheel built
+# without FA3 still serves the kernels above.
+FLASH_ATTN = ChipSdk(
+    "sgl_kernel.flash_attn",
+    device="CUDA device",
+    count_devices=torch.cuda.device_count,
+    devices_need_sdk=False,
+    requires=("flash_attn_with_kvcache", "is_fa3_supported"),
     no_device_hint=_no_cuda_hint,
 )
 

@@ -6,6 +6,8 @@ from sglang_fl.types import OpRegistry, hookimpl
 
 from .backend import CudaBackend
 from .impl.activation import gelu_and_mul, silu_and_mul
+from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
+from .impl.attention import decode_attention, extend_attention
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
@@ -19,12 +21,7 @@ NO_KERNEL = {
     "mrotary_embedding": "sgl_kernel has no mrope kernel (SGLang's forward_cuda uses Triton)",
     "clamp_position": "sgl_kernel has none (SGLang's is a JIT kernel in sglang.kernels)",
     "fused_gate_sigmoid_mul": "sgl_kernel has none (SGLang's own Triton kernel stays in place)",
-    # FlashInfer / sgl_kernel have them; this wheel has no adapter for them yet, so it declares
-    # none rather than ship an untested one (SGLang's own flashinfer backend serves CUDA).
-    **dict.fromkeys(
-        ("store_kv_cache", "decode_attention", "extend_attention"),
-        "no adapter in this wheel yet for FlashInfer's / sgl_kernel's attention kernels",
-    ),
+    **ATTENTION_NO_KERNEL,
     **LINEAR_ATTENTION_NO_KERNEL,
 }
 
@@ -44,6 +41,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "gemma_rms_norm": gemma_rms_norm,
                 "topk": topk,
                 "fused_moe": fused_moe,
+                "decode_attention": decode_attention,
+                "extend_attention": extend_attention,
             }
         )
     )

@@ -42,6 +42,7 @@ def decode_attention(
     # q [batch, heads, head_dim], one token per request, over req_to_token[row, :seq_len]
     # slots; obj.scaling, obj.logit_cap (0: none), obj.sliding_window_size (-1: none).
     # Returns [batch, heads, v_head_dim]. Raise Unsupported for options the kernel lacks.
+    # A paged kernel takes sglang_fl.ops.attention.paging's page_table / paged_cache.
     raise Unsupported("template: decode_attention is not implemented")
 
 

@@ -1,0 +1,191 @@
+"""The FlashAttention-3 attention adapters against the ``sgl_kernel.flash_attn`` test double.
+
+Every case and dtype of ``decode_attention`` and ``extend_attention`` runs through core's
+conformance check against a double that rejects what FA3's ``mha_fwd`` rejects; the tests
+below pin the call itself (the paged view, the page table, the window, soft-cap and scale)
+and the refusals, each before any kernel call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+import pytest
+import torch
+from flash_attn_double import FlashAttnDouble
+from sglang_fl_cuda import plugin
+from sglang_fl_cuda.backend import FLASH_ATTN
+from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
+
+from sglang_fl import Unsupported
+from sglang_fl.ops import OpCase
+from sglang_fl.ops.attention import attention_layer
+from sglang_fl.ops.attention.common import build_pool
+from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.vendor import VendorSuite
+
+SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
+IMPLS = SUITE.implementations
+ATTENTION = ("decode_attention", "extend_attention")
+CASES = [param for param in SUITE.contract_cases() if param.values[0] in ATTENTION]
+
+
+def declined(params: Mapping[str, object], dtype: torch.dtype) -> bool:
+    """FA3 has no float32 kernel, and takes a v_head_dim other than head_dim only in
+    (128, 192] -> (96, 128] or <= 64 -> <= 512 (the contracts' 96/64 is neither)."""
+    return dtype == torch.float32 or params["v_head_dim"] != params["head_dim"]
+
+
+def test_the_attention_cases_are_all_collected() -> None:
+    assert {param.values[0] for param in CASES} == set(ATTENTION)
+    assert len(CASES) > 50
+
+
+@pytest.mark.parametrize(("op", "case", "dtype"), CASES)
+def test_contract_case(
+    flash_attn: FlashAttnDouble, op: str, case: OpCase, dtype: torch.dtype
+) -> None:
+    outcome = check_case(IMPLS[op], case, dtype)
+    expected = SKIPPED if declined(case.params, dtype) else PASSED
+    assert outcome.status == expected, outcome.message
+    batch = case.params.get("seq_lens", case.params.get("batch"))
+    assert isinstance(batch, tuple)
+    # One FA3 call per served non-empty batch; none for a declined or an empty one.
+    assert len(flash_attn.calls) == int(expected == PASSED and len(batch) > 0)
+
+
+def pool_args(
+    seq_lens: tuple[int, ...],
+    *,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+    v_head_dim: int = 64,
+    page_size: int = 4,
+    dtype: torch.dtype = torch.bfloat16,
+    q_tokens: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    pool = build_pool(
+        seq_lens,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        page_size=page_size,
+        dtype=dtype,
+        device=torch.device("cpu"),
+        generator=g,
+    )
+    tokens = len(seq_lens) if q_tokens is None else q_tokens
+    q = torch.randn(tokens, heads, head_dim, generator=g).to(dtype)
+    return q, pool.k_cache, pool.v_cache, pool.req_to_token, pool.req_pool_indices, pool.seq_lens
+
+
+def test_decode_passes_the_paged_pool_and_the_page_table(flash_attn: FlashAttnDouble) -> None:
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((5, 9))
+    layer = attention_layer(scaling=0.3, logit_cap=2.0, sliding_window_size=3)
+    out = decode_attention(layer, q, k_cache, v_cache, req_to_token, rows, seq_lens, 4)
+    ((name, (kernel_q, kernel_k, kernel_v), kw),) = flash_attn.calls
+    assert name == "flash_attn_with_kvcache"
+    assert kernel_q is q
+    assert kernel_k.shape == (k_cache.shape[0] // 4, 4, 2, 64)
+    assert kernel_k.data_ptr() == k_cache.data_ptr()  # a view of the pool, not a copy
+    assert kernel_v.data_ptr() == v_cache.data_ptr()
+    expected_table = req_to_token[rows, :9][:, ::4] // 4
+    assert kw["page_table"].dtype == torch.int32
+    assert torch.equal(kw["page_table"], expected_table.to(torch.int32))
+    assert kw["cache_seqlens"].tolist() == [5, 9]
+    assert kw["cu_seqlens_q"].tolist() == [0, 1, 2]
+    assert kw["max_seqlen_q"] == 1
+    assert (kw["softmax_scale"], kw["softcap"]) == (0.3, 2.0)
+    assert kw["causal"] is True
+    assert kw["window_size"] == (3, 0)
+    assert out.shape == (2, 4, 64)
+
+
+def test_extend_maps_lengths_and_the_mask(flash_attn: FlashAttnDouble) -> None:
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((6, 10), q_tokens=7)
+    prefix, extend = torch.tensor([0, 7], dtype=torch.int32), torch.tensor([6, 3])
+    causal = attention_layer(scaling=0.125, sliding_window_size=4)
+    extend_attention(causal, q, k_cache, v_cache, req_to_token, rows, seq_lens, prefix, extend, 4)
+    encoder = attention_layer(scaling=0.125, sliding_window_size=4, is_causal=False)
+    extend_attention(encoder, q, k_cache, v_cache, req_to_token, rows, seq_lens, prefix, extend, 4)
+    first, second = (call.kwargs for call in flash_attn.calls)
+    assert first["cu_seqlens_q"].tolist() == [0, 6, 9]
+    assert first["max_seqlen_q"] == 6
+    assert first["cache_seqlens"].tolist() == [6, 10]
+    assert (first["causal"], first["window_size"]) == (True, (4, 0))
+    # A non-causal layer sees every key of its request: no window (the contract's rule).
+    assert (second["causal"], second["window_size"]) == (False, (-1, -1))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dtype": torch.float32}, "float16/bfloat16"),
+        ({"head_dim": 320, "v_head_dim": 320}, "head_dim <= 256"),
+        ({"head_dim": 36, "v_head_dim": 36}, "multiple of 8"),
+        ({"head_dim": 96, "v_head_dim": 64}, r"\(128, 192\]"),
+    ],
+)
+def test_declines_what_fa3_rejects_before_calling(
+    flash_attn: FlashAttnDouble, options: dict[str, object], message: str
+) -> None:
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((3, 8), **options)  # type: ignore[arg-type]
+    layer = attention_layer(scaling=0.1)
+    with pytest.raises(Unsupported, match=message):
+        decode_attention(layer, q, k_cache, v_cache, req_to_token, rows, seq_lens, 4)
+    assert flash_attn.calls == []
+
+
+def test_declines_a_pool_in_another_dtype(flash_attn: FlashAttnDouble) -> None:
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((3,))
+    with pytest.raises(Unsupported, match="KV pool in q's dtype"):
+        decode_attention(
+            attention_layer(scaling=0.1), q.half(), k_cache, v_cache, req_to_token, rows, seq_lens
+        )
+    assert flash_attn.calls == []
+
+
+def test_a_wider_key_than_value_head_runs_on_hopper_only(
+    flash_attn: FlashAttnDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """192/128 (DeepSeek-style) is one of FA3's two allowed v_head_dim pairs, on sm90 only."""
+    args = pool_args((3, 8), head_dim=192, v_head_dim=128)
+    layer = attention_layer(scaling=0.1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(Unsupported, match="Hopper only"):
+        decode_attention(layer, *args, 4)
+    assert flash_attn.calls == []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    out = decode_attention(layer, *args, 4)
+    assert out.shape == (2, 4, 128)
+    assert len(flash_attn.calls) == 1
+
+
+def test_declines_where_fa3_is_not_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_fl.testing.doubles import install_double
+
+    double = install_double(monkeypatch, FlashAttnDouble(fa3_supported=False), FLASH_ATTN)
+    with pytest.raises(Unsupported, match="sm90"):
+        decode_attention(attention_layer(scaling=0.1), *pool_args((3,)), 4)
+    assert double.calls == []
+
+
+def test_declines_where_the_wheel_has_no_fa3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An sgl_kernel built without FlashAttention-3: the import fails, the call is declined."""
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", None)  # import raises ImportError
+    monkeypatch.setattr(FLASH_ATTN, "module", None)
+    monkeypatch.setattr(FLASH_ATTN, "_error", None)
+    with pytest.raises(Unsupported, match="no FlashAttention-3 here"):
+        decode_attention(attention_layer(scaling=0.1), *pool_args((3,)), 4)
+
+
+def test_an_empty_batch_launches_nothing(flash_attn: FlashAttnDouble) -> None:
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((3,))
+    empty = decode_attention(
+        attention_layer(scaling=0.1), q[:0], k_cache, v_cache, req_to_token, rows[:0], seq_lens[:0]
+    )
+    assert empty.shape == (0, 4, 64)
+    assert flash_attn.calls == []
