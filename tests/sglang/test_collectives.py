@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from collective_vendor import collective_vendor_site
+from collective_vendor import collective_vendor_site, on_path
 from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
 from tiny_models import hf_greedy
 
 from sglang_fl.dispatch_report import read_log
-from sglang_fl.integrations.sglang.collectives import METHODS
+from sglang_fl.integrations.sglang.collectives import METHODS, TENSOR_DICTS
 
 pytest.importorskip("sglang")
 
@@ -80,7 +80,7 @@ def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> 
     assert sorted(records) == sorted(r["pid"] for r in ranks)
     for rank in ranks:
         assert set(rank["results"].values()) == {"ok"}, rank
-        assert rank["routed_methods"] == COLLECTIVES
+        assert rank["routed_methods"] == sorted([*COLLECTIVES, *TENSOR_DICTS])
         assert rank["solo_untouched"], "a one-rank group keeps SGLang's own methods"
         mine = records[rank["pid"]]
         assert sorted(mine) == COLLECTIVES
@@ -92,6 +92,8 @@ def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> 
             )
             assert (row["ranks"], row["rank_in_group"]) == ([0, 1], rank["rank"])
             assert row["sglang_method"] == f"GroupCoordinator.{op}"
+            dicts = [f"GroupCoordinator.{m}" for m, p2p in TENSOR_DICTS.items() if p2p == op]
+            assert row["also_serves"] == dicts
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_a_vendor_communicator_serves_every_collective_on_every_rank(
     vendor_site: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "vendor.jsonl"
-    done, log = run_group(tmp_path, PYTHONPATH=str(vendor_site), COLLECTIVE_VENDOR_OUT=str(out))
+    done, log = run_group(tmp_path, PYTHONPATH=on_path(vendor_site), COLLECTIVE_VENDOR_OUT=str(out))
     ranks = results(done)
     closed = {r["rank"]: r for r in vendor_lines(out) if "calls" in r}
     assert sorted(closed) == [0, 1], "each rank's communicator is closed by group.destroy()"
@@ -115,6 +117,10 @@ def test_a_vendor_communicator_serves_every_collective_on_every_rank(
     # Every collective on every rank; send only where it sends, recv only where it receives.
     assert set(closed[0]["calls"]) == set(COLLECTIVES) - {"recv"}
     assert set(closed[1]["calls"]) == set(COLLECTIVES) - {"send"}
+    # The tensor dicts' tensors through the vendor: one direct send plus one per dict (its one
+    # non-empty tensor; the empty one moves no bytes), and the metadata (pickled by SGLang's
+    # send_object on the CPU group) not at all.
+    assert (closed[0]["calls"]["send"], closed[1]["calls"]["recv"]) == (3, 3)
     records = collective_records(log)
     for rank in ranks:
         assert set(rank["results"].values()) == {"ok"}, rank
@@ -133,7 +139,7 @@ def test_a_communicator_that_fails_to_initialise_leaves_the_reference_serving(
     out = tmp_path / "vendor.jsonl"
     done, log = run_group(
         tmp_path,
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         COLLECTIVE_VENDOR_INIT=how,
         SGLANG_FL_PLUGIN_TIMEOUT="3",
@@ -167,7 +173,7 @@ def test_under_strict_a_failing_communicator_is_an_error_naming_vendor_and_group
 ) -> None:
     done, _ = run_group(
         tmp_path,
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(tmp_path / "vendor.jsonl"),
         COLLECTIVE_VENDOR_INIT="raise",
         SGLANG_FL_STRICT="1",
@@ -192,7 +198,7 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
     log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
     env = clean_env(
         SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         SGLANG_CPU_OMP_THREADS_BIND="0|1",
     )
@@ -231,15 +237,14 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
 def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
     models: dict[str, Path], vendor_site: Path, tmp_path: Path
 ) -> None:
-    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. Both ranks
-    bind the ``pp`` group's collectives to the vendor, but the pipeline calls none of them: its
-    activations travel through ``send_tensor_dict``/``recv_tensor_dict``, which call
-    torch.distributed on the device group directly and are not routed (yet). The last
-    assertion pins that, so routing the tensor dicts shows up here."""
+    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. The
+    pipeline moves activations with ``send_tensor_dict``/``recv_tensor_dict``; routed, their
+    tensors travel through the vendor's ``send`` on the first stage and its ``recv`` on the
+    last, on both ranks' ``pp`` group."""
     log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
     env = clean_env(
         SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         SGLANG_CPU_OMP_THREADS_BIND="0|1",
     )
@@ -262,6 +267,11 @@ def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
     assert len(stages) == 2, stages
     pp = [r for r in rows if r["event"] == "collective" and r["group"].startswith("pp")]
     assert {(r["pid"], r["op"]) for r in pp} == {(pid, op) for pid in stages for op in COLLECTIVES}
-    assert {r["impl_id"] for r in pp if r["op"] == "send"} == {"vendor.cvendor.send"}
-    called = sorted({(r["group"].split(":")[0], r["op"]) for r in vendor_lines(out) if "op" in r})
-    assert called == [], f"the PP=2 engine now calls routed collectives: {called}"
+    for row in (r for r in pp if r["op"] in ("send", "recv")):
+        assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"vendor.cvendor.{row['op']}")
+        assert row["also_serves"] == [f"GroupCoordinator.{row['op']}_tensor_dict"]
+    # The vendor's own record of its first calls: the activations went through its library.
+    called = {(r["pid"], r["rank"], r["op"]) for r in vendor_lines(out) if "op" in r}
+    pp_calls = {(rank, op) for pid, rank, op in called if pid in stages}
+    assert {(0, "send"), (1, "recv")} <= pp_calls, called
+    assert {pid for pid, _, op in called if op in ("send", "recv")} == stages, called

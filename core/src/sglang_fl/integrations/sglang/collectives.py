@@ -34,9 +34,16 @@ from ...ops import STANDARD_OPS
 from ...ops.collectives import CollectiveGroup
 from ...runtime import Runtime
 from ...schema import impl_fields
+from . import tensor_dicts
 from .compat import SglangApi
 
-__all__ = ["GROUP_INIT_TARGET", "METHODS", "CollectiveRouter", "route_collectives"]
+__all__ = [
+    "GROUP_INIT_TARGET",
+    "METHODS",
+    "TENSOR_DICTS",
+    "CollectiveRouter",
+    "route_collectives",
+]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
@@ -47,6 +54,9 @@ GROUP_INIT_TARGET = f"{GROUP_CLASS}.__init__"
 METHODS: dict[str, str] = {
     name: name for name, contract in STANDARD_OPS.items() if contract.collective is not None
 }
+
+# The tensor-dict methods routed over the routed point-to-point op -> that op.
+TENSOR_DICTS: dict[str, str] = {"send_tensor_dict": "send", "recv_tensor_dict": "recv"}
 
 
 def _bridge(op: str, fn: Callable[..., Any], group: CollectiveGroup, sglang: Any) -> Any:
@@ -113,13 +123,14 @@ class CollectiveRouter:
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
         }
+        routed: dict[str, tuple[OpImpl, dict[str, Any]]] = {}  # op -> what serves it
         for op, impl in chosen.items():
             plugin = _vendor_plugin(impl)
             outcome = outcomes.get(plugin) if plugin else None
             if outcome is not None and not outcome.ok:
                 reference = _reference_impl(self.runtime, op)
                 self._bind(coordinator, group, op, reference, reference.fn)
-                self._emit(group, op, reference, fallback_from=impl, reason=outcome.problem)
+                routed[op] = reference, {"fallback_from": impl, "reason": outcome.problem}
                 continue
             if impl.kind is BackendImplKind.REFERENCE and group.device.type != "cpu":
                 reason = (
@@ -132,8 +143,27 @@ class CollectiveRouter:
             if outcome is not None and outcome.communicator is not None:
                 bound_group = dataclasses.replace(group, communicator=outcome.communicator)
             self._bind(coordinator, bound_group, op, impl, self.runtime.resolve(op).fn)
-            self._emit(group, op, impl)
+            routed[op] = impl, {}
+        also = self._bind_tensor_dicts(coordinator, group, routed)
+        for op, (impl, extra) in routed.items():
+            self._emit(group, op, impl, also_serves=also.get(op, []), **extra)
         self._hook_destroy(coordinator, [o for o in outcomes.values() if o.ok])
+
+    def _bind_tensor_dicts(
+        self, coordinator: Any, group: CollectiveGroup, routed: dict[str, Any]
+    ) -> dict[str, list[str]]:
+        """Pipeline activations (``send_tensor_dict``/``recv_tensor_dict``) over the routed
+        ``send``/``recv``, when both are routed (one library on both ends of a pair)."""
+        if not {"send", "recv"} <= routed.keys():
+            return {}
+        device = group.device.type
+        coordinator.send_tensor_dict = tensor_dicts.send_tensor_dict(
+            coordinator, coordinator.send, device
+        )
+        coordinator.recv_tensor_dict = tensor_dicts.recv_tensor_dict(
+            coordinator, coordinator.recv, device
+        )
+        return {op: [f"GroupCoordinator.{method}"] for method, op in TENSOR_DICTS.items()}
 
     def _bind(
         self, coordinator: Any, group: CollectiveGroup, op: str, impl: OpImpl, fn: Any
@@ -176,9 +206,10 @@ class CollectiveRouter:
         *,
         fallback_from: OpImpl | None = None,
         reason: str | None = None,
+        also_serves: list[str],
     ) -> None:
         fields = self._base_fields(group, op)
-        fields.update(runner=Runner.SGLANG_FL, **impl_fields(impl))
+        fields.update(runner=Runner.SGLANG_FL, also_serves=also_serves, **impl_fields(impl))
         if fallback_from is not None:
             fields.update(fallback_from=fallback_from.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
