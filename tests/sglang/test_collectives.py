@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from collective_vendor import collective_vendor_site, on_path
 from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-from tiny_models import hf_greedy
+from tiny_models import build_tiny_model, hf_greedy
 
 from sglang_fl.dispatch_report import read_log
 from sglang_fl.integrations.sglang.collectives import METHODS, TENSOR_DICTS
@@ -190,11 +190,15 @@ PROMPTS = ["def main():", "class Config:"]
 MAX_NEW_TOKENS = 8
 
 
-def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
-    models: dict[str, Path], vendor_site: Path, tmp_path: Path
-) -> None:
-    """TP=2 tiny Llama: two scheduler ranks, one core each; the tensor-parallel all-reduces
-    run through the vendor's communicator on both."""
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe")
+
+
+def run_tp2_engine(model: Path, vendor_site: Path, tmp_path: Path) -> dict[str, Any]:
+    """TP=2: two scheduler ranks, one core each, the vendor on both. Returns the engine's
+    result plus ``schedulers`` (pid -> title), the dispatch log's ``rows`` and the vendor's
+    first-call records on the ``tp`` group as ``called`` (pid, op) pairs."""
     log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
     env = clean_env(
         SGLANG_FL_DISPATCH_LOG=str(log),
@@ -202,7 +206,7 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
         COLLECTIVE_VENDOR_OUT=str(out),
         SGLANG_CPU_OMP_THREADS_BIND="0|1",
     )
-    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
+    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(model)]
     proc = subprocess.run(
         [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--tp", "2"],
         env=env,
@@ -212,26 +216,51 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
         timeout=ENGINE_TIMEOUT_S,
     )
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
-
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = read_log(log)
-    schedulers = {
+    result["rows"] = rows
+    result["schedulers"] = {
         r["pid"]: r["proctitle"]
         for r in rows
         if str(r.get("proctitle") or "").startswith("sglang::scheduler")
     }
-    assert len(schedulers) == 2, f"two scheduler ranks: {schedulers}"
-    tp_all_reduce = {
-        r["pid"]: r
-        for r in rows
-        if r["event"] == "collective" and r["op"] == "all_reduce" and r["group"].startswith("tp")
+    result["called"] = {
+        (r["pid"], r["op"]) for r in vendor_lines(out) if "op" in r and r["group"].startswith("tp")
     }
-    assert set(tp_all_reduce) == set(schedulers)
-    for row in tp_all_reduce.values():
-        assert (row["runner"], row["impl_id"]) == ("sglang-fl", "vendor.cvendor.all_reduce")
-    called = {(r["pid"], r["op"]) for r in vendor_lines(out) if r["group"].startswith("tp")}
-    assert {(pid, "all_reduce") for pid in schedulers} <= called, called
+    return result
+
+
+def assert_both_ranks_served(result: dict[str, Any], ops: set[str]) -> None:
+    """Both scheduler ranks bound ``ops`` of the ``tp`` group to the vendor and called them."""
+    schedulers = result["schedulers"]
+    assert len(schedulers) == 2, f"two scheduler ranks: {schedulers}"
+    tp = [r for r in result["rows"] if r["event"] == "collective" and r["group"].startswith("tp")]
+    for op in ops:
+        served = {r["pid"]: r for r in tp if r["op"] == op}
+        assert set(served) == set(schedulers), (op, served)
+        for row in served.values():
+            assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"vendor.cvendor.{op}")
+    assert {(pid, op) for pid in schedulers for op in ops} <= result["called"], result["called"]
+
+
+def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
+    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+) -> None:
+    """TP=2 tiny Llama: the tensor-parallel all-reduces run through the vendor on both."""
+    result = run_tp2_engine(models["llama"], vendor_site, tmp_path)
+    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+    assert_both_ranks_served(result, {"all_reduce"})
+
+
+def test_tp2_moe_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
+    qwen3_moe: Path, vendor_site: Path, tmp_path: Path
+) -> None:
+    """TP=2 tiny Qwen3-MoE: each rank holds half of every expert's MLP; the attention and
+    expert outputs are all-reduced through the vendor on both ranks."""
+    result = run_tp2_engine(qwen3_moe, vendor_site, tmp_path)
+    want = hf_greedy(qwen3_moe, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True)
+    assert result["output_ids"] == want
+    assert_both_ranks_served(result, {"all_reduce"})
 
 
 def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
