@@ -106,6 +106,14 @@ def main(rank: int, world_size: int, store: str) -> int:
             check(name, got["hidden"], payload["hidden"])
             if not same:
                 results[name] = f"got {got!r}"
+    # Refused before anything is sent: a peer outside the group, or this rank itself.
+    for where, dst in (("self", me), ("outside", n)):
+        try:
+            group.send_tensor_dict({"hidden": xs[me]}, dst=dst)
+            results[f"tensor_dict_to_{where}"] = "accepted"
+        except ValueError as exc:
+            wanted = f"send_tensor_dict: dst={dst} is not another rank of the {n}-rank group"
+            results[f"tensor_dict_to_{where}"] = "ok" if str(exc).startswith(wanted) else str(exc)
     # A routed coordinator shadows SGLang's methods with instance attributes; a one-rank one
     # keeps the class's own functions (the same objects SGLang calls).
     routed = sorted(name for name in (*METHODS, *TENSOR_DICTS) if name in vars(group))

@@ -322,10 +322,6 @@ def _to_dst_name(p: Mapping[str, Any]) -> str:
     return f"{_gather_name(p)},dst={p['dst']}"
 
 
-def _to_dst_name(p: Mapping[str, Any]) -> str:
-    return f"{_gather_name(p)},dst={p['dst']}"
-
-
 GATHER = OpContract(
     name="gather",
     sglang_layer="GroupCoordinator.gather",
@@ -342,7 +338,5 @@ GATHER = OpContract(
         axis("dst", ("first", "last")),
     ),
     make_inputs=c.inputs_of(_gather_inputs),
-    collective=Collective(
-        c.WORLD_SIZES, _gather_inputs, _gather_expected, c.call_own_op("gather")
-    ),
+    collective=Collective(c.WORLD_SIZES, _gather_inputs, _gather_expected, c.call_own_op("gather")),
 )

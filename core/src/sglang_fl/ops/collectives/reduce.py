@@ -283,9 +283,7 @@ def _reduce_scatter_list_inputs(
     g = c.seeded(case, rank)
     parts = [c.normal((p["rows"], p["hidden"]), dtype, device, g) for _ in range(world_size)]
     output = torch.full((p["rows"], p["hidden"]), float("nan"), dtype=dtype, device=device)
-    return OpInputs(
-        obj=c.group_stand_in(rank, world_size), args=(output, parts)
-    )
+    return OpInputs(obj=c.group_stand_in(rank, world_size), args=(output, parts))
 
 
 def _reduce_scatter_list_expected(
