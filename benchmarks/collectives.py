@@ -15,7 +15,8 @@ is measured (a Python frame, well under a microsecond):
    a barrier before each call, the order alternating per pair (ABBA) so a slow moment or a
    cache effect hits both halves alike. The figure is the median of the per-pair ratios
    ``routed/direct`` with its interquartile range: noise that spans a pair cancels in its
-   ratio, and the median ignores the pairs a neighbour's burst split.
+   ratio, and the median ignores the pairs a neighbour's burst split. Beside it, ``min ratio``:
+   the fastest routed call over the fastest direct one (the least disturbed call of each).
 2. **Frame.** The routed frame's own cost, without the communication: in one process the
    ``torch.distributed`` calls both paths make are replaced by a function that returns at once,
    and each path is timed over many calls (minimum of several batches). ``frame us`` is what
@@ -46,7 +47,7 @@ from typing import Any
 SIZES = [1 << k for k in range(10, 25, 2)]  # 1 KiB .. 16 MiB
 OPS = ("all_reduce", "all_gather")
 LARGE = 1 << 20  # from here on a call takes milliseconds: fewer pairs
-FRAME_CALLS = 20_000
+FRAME_BATCH_S = 0.05  # one batch of frame timing: calls enough to last this long
 FRAME_BATCHES = 7
 
 
@@ -144,19 +145,35 @@ def _no_communication() -> Iterator[None]:
         dist.all_reduce, _common.all_gather_single = saved
 
 
-def _per_call(fn: Callable[..., Any], x: Any) -> float:
+def _per_call(fn: Callable[..., Any], x: Any, calls: int) -> float:
     """Seconds per call of ``fn(x)``: the fastest of several batches (the least disturbed)."""
     best = float("inf")
     for _ in range(FRAME_BATCHES):
         start = time.perf_counter()
-        for _ in range(FRAME_CALLS):
+        for _ in range(calls):
             fn(x)
-        best = min(best, (time.perf_counter() - start) / FRAME_CALLS)
+        best = min(best, (time.perf_counter() - start) / calls)
     return best
 
 
-def frame_costs() -> dict[tuple[str, int], float]:
-    """(op, size) -> seconds routing adds per call, without communication, in this process."""
+def _calls_for(fn: Callable[..., Any], x: Any) -> int:
+    """Calls per batch: about ``FRAME_BATCH_S`` worth (big gathers copy megabytes per call)."""
+    start = time.perf_counter()
+    for _ in range(10):
+        fn(x)
+    once = (time.perf_counter() - start) / 10
+    return max(20, min(20_000, int(FRAME_BATCH_S / max(once, 1e-9))))
+
+
+def frame_costs() -> dict[str, float]:
+    """op -> seconds routing adds per call, without communication, in this process.
+
+    What routing adds is Python (the bridge and the reference's frames, their argument checks,
+    ``contiguous()`` of a contiguous tensor, which returns it): it does not grow with the
+    tensor. Everything that touches the data (the output's allocation, SGLang's reshape) is
+    the same code on both paths, so at large sizes the subtraction only measures memory noise.
+    The frame is therefore timed on a 1 KiB and a 256 KiB tensor, the larger of the two kept.
+    """
     import torch
 
     from sglang_fl.ops.collectives import CollectiveGroup
@@ -168,11 +185,17 @@ def frame_costs() -> dict[tuple[str, int], float]:
     costs = {}
     with _no_communication():
         for op in OPS:
-            for size in SIZES:
+            found = []
+            for size in (SIZES[0], 1 << 18):
                 x = _tensor(size)
-                d = _per_call(direct[op], x)
-                r = _per_call(routed[op], x)
-                costs[op, size] = r - d
+                calls = _calls_for(direct[op], x)
+                # Interleaved batches: a slow moment of the machine hits both alike.
+                d = r = float("inf")
+                for _ in range(3):
+                    d = min(d, _per_call(direct[op], x, calls))
+                    r = min(r, _per_call(routed[op], x, calls))
+                found.append(r - d)
+            costs[op] = max(found)
     return costs
 
 
@@ -200,13 +223,15 @@ def main(argv: list[str]) -> int:
     frames = frame_costs()
     print(
         f"{'op':<11} {'size':>7} {'pairs':>5} {'direct us':>10} {'routed us':>10} "
-        f"{'pair ratio [IQR]':>22} {'frame us':>9} {'bound':>7}"
+        f"{'pair ratio [IQR]':>22} {'min ratio':>9} {'frame us':>9} {'bound':>7}"
     )
-    worst_pair = worst_bound = 0.0
+    worst_pair = worst_bound = worst_min = 0.0
     for op, size, direct, routed in rows:
         ratios = [r / d for d, r in zip(direct, routed, strict=True)]
         q1, median, q3 = _quartiles(ratios)
-        frame = frames[op, size]
+        frame = frames[op]
+        fastest = min(routed) / min(direct)
+        worst_min = max(worst_min, fastest)
         d_med = statistics.median(direct)
         bound = 1 + max(frame, 0.0) / d_med
         worst_pair, worst_bound = max(worst_pair, median), max(worst_bound, bound)
@@ -214,9 +239,10 @@ def main(argv: list[str]) -> int:
         print(
             f"{op:<11} {label:>7} {len(ratios):>5} {d_med * 1e6:10.1f} "
             f"{statistics.median(routed) * 1e6:10.1f} "
-            f"{median:8.3f} [{q1:5.3f}, {q3:5.3f}] {frame * 1e6:9.2f} {bound:7.4f}"
+            f"{median:8.3f} [{q1:5.3f}, {q3:5.3f}] {fastest:9.3f} {frame * 1e6:9.2f} {bound:7.4f}"
         )
     print(f"worst median pair ratio routed/direct: {worst_pair:.3f}x (target <= 1.05x)")
+    print(f"worst fastest-call ratio:              {worst_min:.3f}x (target <= 1.05x)")
     print(f"worst bound from the routed frame:     {worst_bound:.4f}x (target <= 1.05x)")
     return 0
 
