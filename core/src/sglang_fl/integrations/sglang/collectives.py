@@ -9,11 +9,15 @@ attributes of that one coordinator, methods that call the chosen implementations
 methods are SGLang's own function objects, nothing is added to a call. Nothing is hooked per
 call: the class keeps SGLang's methods, only routed groups' instances shadow them.
 
+When ``send`` and ``recv`` are both routed, ``send_tensor_dict``/``recv_tensor_dict`` (the
+pipeline's activations) are bound too: their tensors through the routed pair, their metadata
+through SGLang's own ``send_object``/``recv_object`` (:mod:`.tensor_dicts`).
+
 Left to SGLang: everything on the gloo CPU group (``broadcast_object``, ``all_gather_object``,
-``send_object``/``recv_object``, ``barrier``, the metadata of ``*_tensor_dict``), the
-tensor-dict variants themselves (they call ``torch.distributed`` directly on the device group
-for their tensors), and, where the chosen implementation is the reference on a non-CPU device,
-SGLang's own method (its pynccl and custom all-reduce paths beat ``torch.distributed``).
+``send_object``/``recv_object``, ``barrier``, the tensor dicts' metadata),
+``broadcast_tensor_dict`` and ``send_recv_tensor_dict`` (see ``docs/architecture.md``), and,
+where the chosen implementation is the reference on a non-CPU device, SGLang's own method
+(its pynccl and custom all-reduce paths beat ``torch.distributed``).
 """
 
 from __future__ import annotations
