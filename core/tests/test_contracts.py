@@ -42,8 +42,10 @@ def test_standard_ops_are_the_design_set():
         "all_gather",
         "all_gather_into_tensor",
         "all_gatherv",
+        "gather",
         "reduce_scatter_tensor",
         "reduce_scatterv",
+        "reduce_scatter",
         "broadcast",
         "send",
         "recv",
@@ -123,7 +125,7 @@ def test_tolerances_for_every_float_contract_dtype(dtype):
     """Computing contracts have a positive tolerance; collectives that only move data are
     exact, and those that sum allow for the order of the sum."""
     moving = {"all_gather", "all_gather_into_tensor", "all_gatherv", "broadcast", "send"}
-    moving |= {"recv", "all_to_all_single"}
+    moving |= {"recv", "all_to_all_single", "gather"}
     for contract in STANDARD_OPS.values():
         if dtype in contract.dtypes:
             tol = contract.tolerance(dtype)

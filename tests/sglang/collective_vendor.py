@@ -12,11 +12,12 @@ failure paths. Built as a real wheel and pip-installed into a directory of its o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sglang_processes import install_wheel_from_source
 
-__all__ = ["collective_vendor_site"]
+__all__ = ["collective_vendor_site", "on_path"]
 
 MODULE = '''
 """A vendor whose collectives run through a per-group communicator that counts its calls."""
@@ -106,3 +107,9 @@ def collective_vendor_site(root: Path) -> Path:
     (source / "sglang_fl_cvendor" / "__init__.py").write_text(MODULE)
     (source / "pyproject.toml").write_text(PYPROJECT)
     return install_wheel_from_source(source, root)
+
+
+def on_path(site: Path) -> str:
+    """``PYTHONPATH`` with the vendor's directory in front of this process's own entries (a
+    checkout's sources shadowing the installed sglang-fl stay visible to the ranks)."""
+    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)

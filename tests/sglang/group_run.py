@@ -26,7 +26,7 @@ def main(rank: int, world_size: int, store: str) -> int:
     import torch.distributed as dist
     from sglang.srt.distributed import parallel_state as ps
 
-    from sglang_fl.integrations.sglang.collectives import METHODS
+    from sglang_fl.integrations.sglang.collectives import METHODS, TENSOR_DICTS
 
     dist.init_process_group(
         "gloo",
@@ -77,11 +77,49 @@ def main(rank: int, world_size: int, store: str) -> int:
     out = torch.empty(3 * n, 4)
     group.all_to_all_single(out, full[me].clone())
     check("all_to_all_single", out, torch.cat([f[me * 3 : me * 3 + 3] for f in full]))
+    gathered = group.gather(xs[me].clone(), dst=n - 1, dim=0)
+    if me == n - 1:
+        check("gather", gathered, torch.cat(xs))
+    else:
+        results["gather"] = "ok" if gathered is None else f"got {gathered!r} off rank dst"
+    parts = [xs[me] * (r + 1) for r in ranks]  # rank r's entry: every rank's x times r + 1
+    out = torch.empty(3, 4)
+    returned = group.reduce_scatter(out, parts)
+    check("reduce_scatter", out, sum(xs) * (me + 1))
+    if returned is not out:
+        results["reduce_scatter"] = "did not return output"
+    # Pipeline parallelism's path: a dict of activations (an empty tensor and a non-tensor
+    # value too), whole and split for an all-gather over the ``solo`` group, as SGLang does.
+    payload = {"hidden": xs[0] * 2, "empty": torch.empty(0, 4), "step": 3}
+    for name, all_gather_group in (("tensor_dict", None), ("tensor_dict_split", solo)):
+        if me == 0:
+            works = group.send_tensor_dict(
+                dict(payload), dst=n - 1, all_gather_group=all_gather_group, async_send=True
+            )
+            for work in works:
+                work.work.wait()
+            results[name] = "ok"
+        elif me == n - 1:
+            got = group.recv_tensor_dict(src=0, all_gather_group=all_gather_group)
+            same = sorted(got) == sorted(payload) and got["step"] == 3
+            same = same and got["empty"].shape == (0, 4)
+            check(name, got["hidden"], payload["hidden"])
+            if not same:
+                results[name] = f"got {got!r}"
+    # Refused before anything is sent: a peer outside the group, or this rank itself.
+    for where, dst in (("self", me), ("outside", n)):
+        try:
+            group.send_tensor_dict({"hidden": xs[me]}, dst=dst)
+            results[f"tensor_dict_to_{where}"] = "accepted"
+        except ValueError as exc:
+            wanted = f"send_tensor_dict: dst={dst} is not another rank of the {n}-rank group"
+            results[f"tensor_dict_to_{where}"] = "ok" if str(exc).startswith(wanted) else str(exc)
     # A routed coordinator shadows SGLang's methods with instance attributes; a one-rank one
     # keeps the class's own functions (the same objects SGLang calls).
-    routed = sorted(name for name in METHODS if name in vars(group))
-    solo_untouched = not any(name in vars(solo) for name in METHODS) and all(
-        getattr(solo, name).__func__ is getattr(type(solo), name) for name in METHODS
+    routed = sorted(name for name in (*METHODS, *TENSOR_DICTS) if name in vars(group))
+    solo_untouched = not any(name in vars(solo) for name in (*METHODS, *TENSOR_DICTS)) and all(
+        getattr(solo, name).__func__ is getattr(type(solo), name)
+        for name in (*METHODS, *TENSOR_DICTS)
     )
     group.destroy()
     record = {

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from collective_vendor import collective_vendor_site
+from collective_vendor import collective_vendor_site, on_path
 from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-from tiny_models import hf_greedy
+from tiny_models import build_tiny_model, hf_greedy
 
 from sglang_fl.dispatch_report import read_log
-from sglang_fl.integrations.sglang.collectives import METHODS
+from sglang_fl.integrations.sglang.collectives import METHODS, TENSOR_DICTS
 
 pytest.importorskip("sglang")
 
@@ -80,7 +80,7 @@ def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> 
     assert sorted(records) == sorted(r["pid"] for r in ranks)
     for rank in ranks:
         assert set(rank["results"].values()) == {"ok"}, rank
-        assert rank["routed_methods"] == COLLECTIVES
+        assert rank["routed_methods"] == sorted([*COLLECTIVES, *TENSOR_DICTS])
         assert rank["solo_untouched"], "a one-rank group keeps SGLang's own methods"
         mine = records[rank["pid"]]
         assert sorted(mine) == COLLECTIVES
@@ -92,6 +92,8 @@ def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> 
             )
             assert (row["ranks"], row["rank_in_group"]) == ([0, 1], rank["rank"])
             assert row["sglang_method"] == f"GroupCoordinator.{op}"
+            dicts = [f"GroupCoordinator.{m}" for m, p2p in TENSOR_DICTS.items() if p2p == op]
+            assert row["also_serves"] == dicts
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_a_vendor_communicator_serves_every_collective_on_every_rank(
     vendor_site: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "vendor.jsonl"
-    done, log = run_group(tmp_path, PYTHONPATH=str(vendor_site), COLLECTIVE_VENDOR_OUT=str(out))
+    done, log = run_group(tmp_path, PYTHONPATH=on_path(vendor_site), COLLECTIVE_VENDOR_OUT=str(out))
     ranks = results(done)
     closed = {r["rank"]: r for r in vendor_lines(out) if "calls" in r}
     assert sorted(closed) == [0, 1], "each rank's communicator is closed by group.destroy()"
@@ -115,6 +117,10 @@ def test_a_vendor_communicator_serves_every_collective_on_every_rank(
     # Every collective on every rank; send only where it sends, recv only where it receives.
     assert set(closed[0]["calls"]) == set(COLLECTIVES) - {"recv"}
     assert set(closed[1]["calls"]) == set(COLLECTIVES) - {"send"}
+    # The tensor dicts' tensors through the vendor: one direct send plus one per dict (its one
+    # non-empty tensor; the empty one moves no bytes), and the metadata (pickled by SGLang's
+    # send_object on the CPU group) not at all.
+    assert (closed[0]["calls"]["send"], closed[1]["calls"]["recv"]) == (3, 3)
     records = collective_records(log)
     for rank in ranks:
         assert set(rank["results"].values()) == {"ok"}, rank
@@ -133,7 +139,7 @@ def test_a_communicator_that_fails_to_initialise_leaves_the_reference_serving(
     out = tmp_path / "vendor.jsonl"
     done, log = run_group(
         tmp_path,
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         COLLECTIVE_VENDOR_INIT=how,
         SGLANG_FL_PLUGIN_TIMEOUT="3",
@@ -167,7 +173,7 @@ def test_under_strict_a_failing_communicator_is_an_error_naming_vendor_and_group
 ) -> None:
     done, _ = run_group(
         tmp_path,
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(tmp_path / "vendor.jsonl"),
         COLLECTIVE_VENDOR_INIT="raise",
         SGLANG_FL_STRICT="1",
@@ -184,19 +190,23 @@ PROMPTS = ["def main():", "class Config:"]
 MAX_NEW_TOKENS = 8
 
 
-def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
-    models: dict[str, Path], vendor_site: Path, tmp_path: Path
-) -> None:
-    """TP=2 tiny Llama: two scheduler ranks, one core each; the tensor-parallel all-reduces
-    run through the vendor's communicator on both."""
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe")
+
+
+def run_tp2_engine(model: Path, vendor_site: Path, tmp_path: Path) -> dict[str, Any]:
+    """TP=2: two scheduler ranks, one core each, the vendor on both. Returns the engine's
+    result plus ``schedulers`` (pid -> title), the dispatch log's ``rows`` and the vendor's
+    first-call records on the ``tp`` group as ``called`` (pid, op) pairs."""
     log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
     env = clean_env(
         SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         SGLANG_CPU_OMP_THREADS_BIND="0|1",
     )
-    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
+    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(model)]
     proc = subprocess.run(
         [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--tp", "2"],
         env=env,
@@ -206,40 +216,64 @@ def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
         timeout=ENGINE_TIMEOUT_S,
     )
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
-
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = read_log(log)
-    schedulers = {
+    result["rows"] = rows
+    result["schedulers"] = {
         r["pid"]: r["proctitle"]
         for r in rows
         if str(r.get("proctitle") or "").startswith("sglang::scheduler")
     }
-    assert len(schedulers) == 2, f"two scheduler ranks: {schedulers}"
-    tp_all_reduce = {
-        r["pid"]: r
-        for r in rows
-        if r["event"] == "collective" and r["op"] == "all_reduce" and r["group"].startswith("tp")
+    result["called"] = {
+        (r["pid"], r["op"]) for r in vendor_lines(out) if "op" in r and r["group"].startswith("tp")
     }
-    assert set(tp_all_reduce) == set(schedulers)
-    for row in tp_all_reduce.values():
-        assert (row["runner"], row["impl_id"]) == ("sglang-fl", "vendor.cvendor.all_reduce")
-    called = {(r["pid"], r["op"]) for r in vendor_lines(out) if r["group"].startswith("tp")}
-    assert {(pid, "all_reduce") for pid in schedulers} <= called, called
+    return result
+
+
+def assert_both_ranks_served(result: dict[str, Any], ops: set[str]) -> None:
+    """Both scheduler ranks bound ``ops`` of the ``tp`` group to the vendor and called them."""
+    schedulers = result["schedulers"]
+    assert len(schedulers) == 2, f"two scheduler ranks: {schedulers}"
+    tp = [r for r in result["rows"] if r["event"] == "collective" and r["group"].startswith("tp")]
+    for op in ops:
+        served = {r["pid"]: r for r in tp if r["op"] == op}
+        assert set(served) == set(schedulers), (op, served)
+        for row in served.values():
+            assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"vendor.cvendor.{op}")
+    assert {(pid, op) for pid in schedulers for op in ops} <= result["called"], result["called"]
+
+
+def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
+    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+) -> None:
+    """TP=2 tiny Llama: the tensor-parallel all-reduces run through the vendor on both."""
+    result = run_tp2_engine(models["llama"], vendor_site, tmp_path)
+    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+    assert_both_ranks_served(result, {"all_reduce"})
+
+
+def test_tp2_moe_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
+    qwen3_moe: Path, vendor_site: Path, tmp_path: Path
+) -> None:
+    """TP=2 tiny Qwen3-MoE: each rank holds half of every expert's MLP; the attention and
+    expert outputs are all-reduced through the vendor on both ranks."""
+    result = run_tp2_engine(qwen3_moe, vendor_site, tmp_path)
+    want = hf_greedy(qwen3_moe, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True)
+    assert result["output_ids"] == want
+    assert_both_ranks_served(result, {"all_reduce"})
 
 
 def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
     models: dict[str, Path], vendor_site: Path, tmp_path: Path
 ) -> None:
-    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. Both ranks
-    bind the ``pp`` group's collectives to the vendor, but the pipeline calls none of them: its
-    activations travel through ``send_tensor_dict``/``recv_tensor_dict``, which call
-    torch.distributed on the device group directly and are not routed (yet). The last
-    assertion pins that, so routing the tensor dicts shows up here."""
+    """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. The
+    pipeline moves activations with ``send_tensor_dict``/``recv_tensor_dict``; routed, their
+    tensors travel through the vendor's ``send`` on the first stage and its ``recv`` on the
+    last, on both ranks' ``pp`` group."""
     log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
     env = clean_env(
         SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=str(vendor_site),
+        PYTHONPATH=on_path(vendor_site),
         COLLECTIVE_VENDOR_OUT=str(out),
         SGLANG_CPU_OMP_THREADS_BIND="0|1",
     )
@@ -262,6 +296,11 @@ def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
     assert len(stages) == 2, stages
     pp = [r for r in rows if r["event"] == "collective" and r["group"].startswith("pp")]
     assert {(r["pid"], r["op"]) for r in pp} == {(pid, op) for pid in stages for op in COLLECTIVES}
-    assert {r["impl_id"] for r in pp if r["op"] == "send"} == {"vendor.cvendor.send"}
-    called = sorted({(r["group"].split(":")[0], r["op"]) for r in vendor_lines(out) if "op" in r})
-    assert called == [], f"the PP=2 engine now calls routed collectives: {called}"
+    for row in (r for r in pp if r["op"] in ("send", "recv")):
+        assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"vendor.cvendor.{row['op']}")
+        assert row["also_serves"] == [f"GroupCoordinator.{row['op']}_tensor_dict"]
+    # The vendor's own record of its first calls: the activations went through its library.
+    called = {(r["pid"], r["rank"], r["op"]) for r in vendor_lines(out) if "op" in r}
+    pp_calls = {(rank, op) for pid, rank, op in called if pid in stages}
+    assert {(0, "send"), (1, "recv")} <= pp_calls, called
+    assert {pid for pid, _, op in called if op in ("send", "recv")} == stages, called

@@ -9,11 +9,15 @@ attributes of that one coordinator, methods that call the chosen implementations
 methods are SGLang's own function objects, nothing is added to a call. Nothing is hooked per
 call: the class keeps SGLang's methods, only routed groups' instances shadow them.
 
+When ``send`` and ``recv`` are both routed, ``send_tensor_dict``/``recv_tensor_dict`` (the
+pipeline's activations) are bound too: their tensors through the routed pair, their metadata
+through SGLang's own ``send_object``/``recv_object`` (:mod:`.tensor_dicts`).
+
 Left to SGLang: everything on the gloo CPU group (``broadcast_object``, ``all_gather_object``,
-``send_object``/``recv_object``, ``barrier``, the metadata of ``*_tensor_dict``), the
-tensor-dict variants themselves (they call ``torch.distributed`` directly on the device group
-for their tensors), and, where the chosen implementation is the reference on a non-CPU device,
-SGLang's own method (its pynccl and custom all-reduce paths beat ``torch.distributed``).
+``send_object``/``recv_object``, ``barrier``, the tensor dicts' metadata),
+``broadcast_tensor_dict`` and ``send_recv_tensor_dict`` (see ``docs/architecture.md``), and,
+where the chosen implementation is the reference on a non-CPU device, SGLang's own method
+(its pynccl and custom all-reduce paths beat ``torch.distributed``).
 """
 
 from __future__ import annotations
@@ -34,9 +38,16 @@ from ...ops import STANDARD_OPS
 from ...ops.collectives import CollectiveGroup
 from ...runtime import Runtime
 from ...schema import impl_fields
+from . import tensor_dicts
 from .compat import SglangApi
 
-__all__ = ["GROUP_INIT_TARGET", "METHODS", "CollectiveRouter", "route_collectives"]
+__all__ = [
+    "GROUP_INIT_TARGET",
+    "METHODS",
+    "TENSOR_DICTS",
+    "CollectiveRouter",
+    "route_collectives",
+]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
@@ -47,6 +58,9 @@ GROUP_INIT_TARGET = f"{GROUP_CLASS}.__init__"
 METHODS: dict[str, str] = {
     name: name for name, contract in STANDARD_OPS.items() if contract.collective is not None
 }
+
+# The tensor-dict methods routed over the routed point-to-point op -> that op.
+TENSOR_DICTS: dict[str, str] = {"send_tensor_dict": "send", "recv_tensor_dict": "recv"}
 
 
 def _bridge(op: str, fn: Callable[..., Any], group: CollectiveGroup, sglang: Any) -> Any:
@@ -113,13 +127,14 @@ class CollectiveRouter:
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
         }
+        routed: dict[str, tuple[OpImpl, dict[str, Any]]] = {}  # op -> what serves it
         for op, impl in chosen.items():
             plugin = _vendor_plugin(impl)
             outcome = outcomes.get(plugin) if plugin else None
             if outcome is not None and not outcome.ok:
                 reference = _reference_impl(self.runtime, op)
                 self._bind(coordinator, group, op, reference, reference.fn)
-                self._emit(group, op, reference, fallback_from=impl, reason=outcome.problem)
+                routed[op] = reference, {"fallback_from": impl, "reason": outcome.problem}
                 continue
             if impl.kind is BackendImplKind.REFERENCE and group.device.type != "cpu":
                 reason = (
@@ -132,8 +147,27 @@ class CollectiveRouter:
             if outcome is not None and outcome.communicator is not None:
                 bound_group = dataclasses.replace(group, communicator=outcome.communicator)
             self._bind(coordinator, bound_group, op, impl, self.runtime.resolve(op).fn)
-            self._emit(group, op, impl)
+            routed[op] = impl, {}
+        also = self._bind_tensor_dicts(coordinator, group, routed)
+        for op, (impl, extra) in routed.items():
+            self._emit(group, op, impl, also_serves=also.get(op, []), **extra)
         self._hook_destroy(coordinator, [o for o in outcomes.values() if o.ok])
+
+    def _bind_tensor_dicts(
+        self, coordinator: Any, group: CollectiveGroup, routed: dict[str, Any]
+    ) -> dict[str, list[str]]:
+        """Pipeline activations (``send_tensor_dict``/``recv_tensor_dict``) over the routed
+        ``send``/``recv``, when both are routed (one library on both ends of a pair)."""
+        if not {"send", "recv"} <= routed.keys():
+            return {}
+        device = group.device.type
+        coordinator.send_tensor_dict = tensor_dicts.send_tensor_dict(
+            coordinator, coordinator.send, device
+        )
+        coordinator.recv_tensor_dict = tensor_dicts.recv_tensor_dict(
+            coordinator, coordinator.recv, device
+        )
+        return {op: [f"GroupCoordinator.{method}"] for method, op in TENSOR_DICTS.items()}
 
     def _bind(
         self, coordinator: Any, group: CollectiveGroup, op: str, impl: OpImpl, fn: Any
@@ -176,9 +210,10 @@ class CollectiveRouter:
         *,
         fallback_from: OpImpl | None = None,
         reason: str | None = None,
+        also_serves: list[str],
     ) -> None:
         fields = self._base_fields(group, op)
-        fields.update(runner=Runner.SGLANG_FL, **impl_fields(impl))
+        fields.update(runner=Runner.SGLANG_FL, also_serves=also_serves, **impl_fields(impl))
         if fallback_from is not None:
             fields.update(fallback_from=fallback_from.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)

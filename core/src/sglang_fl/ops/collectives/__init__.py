@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from .all_to_all import ALL_TO_ALL_SINGLE
 from .broadcast import BROADCAST
-from .gather import ALL_GATHER, ALL_GATHER_INTO_TENSOR, ALL_GATHERV
+from .gather import ALL_GATHER, ALL_GATHER_INTO_TENSOR, ALL_GATHERV, GATHER
 from .group import CollectiveGroup
 from .p2p import RECV, SEND
-from .reduce import ALL_REDUCE, REDUCE_SCATTER_TENSOR, REDUCE_SCATTERV
+from .reduce import ALL_REDUCE, REDUCE_SCATTER, REDUCE_SCATTER_TENSOR, REDUCE_SCATTERV
 
 __all__ = ["COLLECTIVES", "CollectiveGroup"]
 
@@ -23,8 +23,10 @@ COLLECTIVES = (
     ALL_GATHER,
     ALL_GATHER_INTO_TENSOR,
     ALL_GATHERV,
+    GATHER,
     REDUCE_SCATTER_TENSOR,
     REDUCE_SCATTERV,
+    REDUCE_SCATTER,
     BROADCAST,
     SEND,
     RECV,

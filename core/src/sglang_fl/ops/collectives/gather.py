@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..contract import Collective, OpCase, OpContract, OpInputs, axis, case_grid
 from . import _common as c
@@ -266,4 +267,76 @@ ALL_GATHERV = OpContract(
     collective=Collective(
         c.WORLD_SIZES, _all_gatherv_inputs, _all_gatherv_expected, _run_all_gatherv
     ),
+)
+
+
+# -- gather ---------------------------------------------------------------------------------------
+
+
+def _gather_signature(
+    group: CollectiveGroup, input_: torch.Tensor, dst: int = 0, dim: int = -1
+) -> torch.Tensor | None:
+    """Rank ``dst`` of the group gets the ranks' ``input_`` (same shape on every rank)
+    concatenated along ``dim`` in group order; every other rank gets ``None``
+    (``GroupCoordinator.gather``: ``tensor_model_parallel_gather``, logits on one rank).
+    ``input_`` is contiguous and unchanged."""
+    raise NotImplementedError
+
+
+def gather_reference(
+    group: CollectiveGroup, input_: torch.Tensor, dst: int = 0, dim: int = -1
+) -> torch.Tensor | None:
+    """SGLang's path: ``torch.distributed.gather`` to the global rank, then a concatenation."""
+    n = group.world_size
+    if not 0 <= dst < n:
+        raise ValueError(f"gather: dst={dst} is not a rank of the {n}-rank group")
+    if not -input_.dim() <= dim < input_.dim():
+        raise ValueError(f"gather: dim={dim} is out of range for shape {tuple(input_.shape)}")
+    mine = group.rank_in_group == dst
+    parts = [torch.empty_like(input_) for _ in range(n)] if mine else None
+    dist.gather(input_, parts, dst=group.ranks[dst], group=group.device_group)
+    return torch.cat(parts, dim=dim) if parts is not None else None
+
+
+def _gather_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, rank: int, world_size: int
+) -> OpInputs:
+    p = case.params
+    x = c.normal((p["rows"], p["hidden"]), dtype, device, c.seeded(case, rank))
+    dst = 0 if p["dst"] == "first" else world_size - 1
+    return OpInputs(
+        obj=c.group_stand_in(rank, world_size),
+        args=(x,),
+        kwargs={"dst": dst, "dim": p["dim"]},
+        preserved=("input_",),
+    )
+
+
+def _gather_expected(case: OpCase, ranks: Sequence[OpInputs], rank: int) -> torch.Tensor | None:
+    if rank != ranks[0].kwargs["dst"]:
+        return None
+    return torch.cat([inputs.args[0] for inputs in ranks], dim=case.params["dim"])
+
+
+def _to_dst_name(p: Mapping[str, Any]) -> str:
+    return f"{_gather_name(p)},dst={p['dst']}"
+
+
+GATHER = OpContract(
+    name="gather",
+    sglang_layer="GroupCoordinator.gather",
+    summary="the ranks' tensors concatenated along a dim, in group order, on rank dst only",
+    signature=inspect.signature(_gather_signature),
+    reference=gather_reference,
+    dtypes=c.DTYPES,
+    tolerances=c.EXACT,
+    cases=case_grid(
+        _to_dst_name,
+        axis("rows", c.ROWS),
+        axis("hidden", (16,)),
+        axis("dim", (-1, 0)),
+        axis("dst", ("first", "last")),
+    ),
+    make_inputs=c.inputs_of(_gather_inputs),
+    collective=Collective(c.WORLD_SIZES, _gather_inputs, _gather_expected, c.call_own_op("gather")),
 )

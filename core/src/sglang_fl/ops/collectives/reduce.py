@@ -247,3 +247,74 @@ REDUCE_SCATTERV = OpContract(
         c.WORLD_SIZES, _reduce_scatterv_inputs, _reduce_scatterv_expected, _run_reduce_scatterv
     ),
 )
+
+
+# -- reduce_scatter (list form) -------------------------------------------------------------------
+
+
+def _reduce_scatter_list_signature(
+    group: CollectiveGroup, output: torch.Tensor, input_list: list[torch.Tensor]
+) -> torch.Tensor:
+    """Rank ``r``'s ``output`` gets the sum over the group of each rank's ``input_list[r]``.
+
+    ``GroupCoordinator.reduce_scatter``: ``input_list`` has one contiguous tensor per rank,
+    each shaped and typed like ``output``; the list is left unchanged; returns ``output``.
+    """
+    raise NotImplementedError
+
+
+def reduce_scatter_list_reference(
+    group: CollectiveGroup, output: torch.Tensor, input_list: list[torch.Tensor]
+) -> torch.Tensor:
+    """SGLang's call: ``torch.distributed.reduce_scatter`` on the device group."""
+    if len(input_list) != group.world_size:
+        raise ValueError(
+            f"reduce_scatter: input_list has {len(input_list)} tensors, the group has "
+            f"{group.world_size} ranks (one each)"
+        )
+    dist.reduce_scatter(output, list(input_list), group=group.device_group)
+    return output
+
+
+def _reduce_scatter_list_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, rank: int, world_size: int
+) -> OpInputs:
+    p = case.params
+    g = c.seeded(case, rank)
+    parts = [c.normal((p["rows"], p["hidden"]), dtype, device, g) for _ in range(world_size)]
+    output = torch.full((p["rows"], p["hidden"]), float("nan"), dtype=dtype, device=device)
+    return OpInputs(obj=c.group_stand_in(rank, world_size), args=(output, parts))
+
+
+def _reduce_scatter_list_expected(
+    case: OpCase, ranks: Sequence[OpInputs], rank: int
+) -> torch.Tensor:
+    return _sum([inputs.args[1][rank] for inputs in ranks])
+
+
+def _run_reduce_scatter_list(
+    fns: Mapping[str, Any], group: Any, case: OpCase, inputs: OpInputs
+) -> Any:
+    result = fns["reduce_scatter"](group, *inputs.args, **inputs.kwargs)
+    if result is not inputs.args[0]:
+        raise AssertionError("reduce_scatter must write into output and return it")
+    return result
+
+
+REDUCE_SCATTER = OpContract(
+    name="reduce_scatter",
+    sglang_layer="GroupCoordinator.reduce_scatter",
+    summary="sum over the ranks of a list of per-rank tensors, rank r keeping entry r",
+    signature=inspect.signature(_reduce_scatter_list_signature),
+    reference=reduce_scatter_list_reference,
+    dtypes=c.DTYPES,
+    tolerances=c.REDUCED,
+    cases=_CASES,
+    make_inputs=c.inputs_of(_reduce_scatter_list_inputs),
+    collective=Collective(
+        c.WORLD_SIZES,
+        _reduce_scatter_list_inputs,
+        _reduce_scatter_list_expected,
+        _run_reduce_scatter_list,
+    ),
+)
