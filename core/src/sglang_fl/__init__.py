@@ -29,9 +29,10 @@ from .types import (
     OpImpl,
     Provenance,
 )
-from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup: on first use
+from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ...: on first use
 
 if TYPE_CHECKING:
+    from .collective_library import ProcessGroupLibrary
     from .dispatch.registry import OpRegistry
     from .ops.collectives.group import CollectiveGroup
     from .runtime import Runtime
@@ -49,6 +50,7 @@ __all__ = [
     "OpImpl",
     "OpRegistry",
     "PluginLoadError",
+    "ProcessGroupLibrary",
     "Provenance",
     "RegistrationError",
     "SglangFlError",

@@ -36,6 +36,10 @@ Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.co
         time, ``communicator``: the handle the hook returned for that group. A hook that
         raises or hangs leaves the group on the reference collectives (an error under
         ``SGLANG_FL_STRICT=1``); the handle's ``close()`` is its teardown.
+    :class:`ProcessGroupLibrary`
+        A library behind a ``torch.distributed`` backend (NCCL, HCCL): its limits, each with
+        its source, and the ten collective adapters built on them, which decline with
+        ``Unsupported`` what the library cannot do before anything is sent.
 
 Describing a chip
     :class:`Backend`
@@ -72,6 +76,7 @@ from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
+    from .collective_library import ProcessGroupLibrary
     from .ops.collectives.group import CollectiveGroup
 
 __all__ = [
@@ -83,6 +88,7 @@ __all__ = [
     "CollectiveGroup",
     "OpImpl",
     "OpRegistry",
+    "ProcessGroupLibrary",
     "Provenance",
     "Unsupported",
     "hookimpl",
@@ -90,7 +96,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry`` and ``CollectiveGroup`` on first use (also for :mod:`sglang_fl`, which
+    """``OpRegistry``, ``CollectiveGroup`` and ``ProcessGroupLibrary`` on first use (also for :mod:`sglang_fl`, which
     re-exports this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
@@ -104,4 +110,8 @@ def __getattr__(name: str) -> Any:
         from .ops.collectives.group import CollectiveGroup
 
         return CollectiveGroup
+    if name == "ProcessGroupLibrary":
+        from .collective_library import ProcessGroupLibrary
+
+        return ProcessGroupLibrary
     raise AttributeError(f"sglang_fl has no attribute {name!r}")

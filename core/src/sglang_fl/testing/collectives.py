@@ -14,6 +14,7 @@ installed plugins), so they need not be picklable; ``None`` checks the reference
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -63,13 +64,17 @@ def run_collective_checks(
     timeout: float = DEFAULT_TIMEOUT,
     plugin: str | None = None,
     env: Mapping[str, str] | None = None,
+    prepare: str | None = None,
 ) -> list[CollectiveResult]:
     """Run the selected collectives' cases on ``world_size`` spawned ranks; one result each.
 
     ``impls`` maps op names to the ``impl_id`` under test (ops missing from it, and a
     ``None`` mapping, run their reference); a peer op (``recv`` for ``send``) is taken from
     ``impls`` too. ``plugin`` names the plugin whose communicator the group gets (``None``:
-    none). ``env`` is added to each rank's environment. A rank that hangs, dies or does not
+    none). ``env`` is added to each rank's environment. ``prepare`` (``"module:function"``,
+    importable in the ranks) is called first in each rank, before the group is joined: a
+    vendor's tests put their double of the collective library in place there, since the
+    ranks are fresh interpreters. A rank that hangs, dies or does not
     finish within ``timeout`` seconds fails every case it did not report.
     """
     from ..ops import get_contract
@@ -91,6 +96,7 @@ def run_collective_checks(
             "results": str(root),
             "timeout": timeout,
             "env": dict(env or {}),
+            "prepare": prepare,
         }
         ranks = [
             context.Process(target=_rank_main, args=(job, rank), name=f"sglang-fl-rank{rank}")
@@ -171,6 +177,9 @@ def _rank_main(job: Mapping[str, Any], rank: int) -> None:
             f.write(json.dumps(record) + "\n")
 
     try:
+        if job["prepare"]:
+            module, _, function = job["prepare"].partition(":")
+            getattr(importlib.import_module(module), function)()
         group, fns = _setup(job, rank)
     except BaseException as exc:
         write({"setup": True, "message": f"set-up failed: {exc!r}\n{traceback.format_exc()}"})
