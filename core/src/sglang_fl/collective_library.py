@@ -193,7 +193,9 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
     ) -> torch.Tensor:
         n = group.world_size
         lib.check_even("reduce_scatterv", sizes)
-        lib.check_tensors("reduce_scatterv", group, input_, *([output] if output is not None else []))
+        lib.check_tensors(
+            "reduce_scatterv", group, input_, *([output] if output is not None else [])
+        )
         if input_.shape[0] % n:
             raise ValueError(f"reduce_scatterv: {input_.shape[0]} rows do not split into {n}")
         shape = (input_.shape[0] // n, *input_.shape[1:])
@@ -205,7 +207,9 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
 
     def broadcast(group: CollectiveGroup, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
         if not 0 <= src < group.world_size:
-            raise ValueError(f"broadcast: src={src} is not a rank of the {group.world_size}-rank group")
+            raise ValueError(
+                f"broadcast: src={src} is not a rank of the {group.world_size}-rank group"
+            )
         lib.check_tensors("broadcast", group, input_)
         lib.functions().broadcast(input_, src=group.ranks[src], group=group.device_group)
         return input_

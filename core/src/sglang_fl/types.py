@@ -75,8 +75,8 @@ from .errors import Unsupported
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .dispatch.registry import OpRegistry
     from .collective_library import ProcessGroupLibrary
+    from .dispatch.registry import OpRegistry
     from .ops.collectives.group import CollectiveGroup
 
 __all__ = [
@@ -96,8 +96,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry``, ``CollectiveGroup`` and ``ProcessGroupLibrary`` on first use (also for :mod:`sglang_fl`, which
-    re-exports this function).
+    """``OpRegistry``, ``CollectiveGroup`` and ``ProcessGroupLibrary`` on first use (also for
+    :mod:`sglang_fl`, which re-exports this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
     not (the CLI's ``--help``, SGLang's plugin discovery).

@@ -34,7 +34,8 @@ def test_serves_broadcast_send_recv_and_leaves_the_rest_to_sglang() -> None:
     for op, reason in LEFT_TO_SGLANG.items():
         (gap,) = SUITE.registry.no_kernel(op)
         assert gap.reason == reason
-        assert "SGLang's own CUDA path" in reason and "GroupCoordinator." in reason
+        assert "SGLang's own CUDA path" in reason
+        assert "GroupCoordinator." in reason
 
 
 @pytest.mark.timeout(600)
@@ -86,7 +87,7 @@ def test_refusals_name_the_limit_and_its_source_before_sending(
         with pytest.raises(Unsupported, match=why) as info:
             call()
         assert "ProcessGroupNCCL.cpp" in str(info.value)
-    with pytest.raises(Unsupported, match="dtype torch.complex64"):
+    with pytest.raises(Unsupported, match=r"dtype torch\.complex64"):
         adapters["recv"](group(), torch.Size([2]), torch.complex64, 1)
     assert nccl.calls == []
 
@@ -111,9 +112,11 @@ def test_a_group_not_on_nccl_keeps_the_reference_or_fails_strictly(strict: bool)
         timeout=KIT_TIMEOUT,
         env={"SGLANG_FL_STRICT": "1"} if strict else {},
     )
-    assert results and not any(r.passed for r in results)
+    assert results
+    assert not any(r.passed for r in results)
     message = results[0].message
-    assert "NCCL: group 'kit:2'" in message and "has a 'gloo' device group" in message
+    assert "NCCL: group 'kit:2'" in message
+    assert "has a 'gloo' device group" in message
     if strict:
         assert "StrictModeError: SGLANG_FL_STRICT=1: plugin 'cuda': communicator for group" in (
             message

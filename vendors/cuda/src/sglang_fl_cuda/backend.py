@@ -65,7 +65,9 @@ def _nccl_availability() -> Availability:
         return Availability(False, f"torch {torch.__version__} is built without NCCL")
     version = ".".join(map(str, torch.cuda.nccl.version()))
     plural = "" if count == 1 else "s"
-    return Availability(True, f"NCCL {version} through torch.distributed; {count} CUDA device{plural}")
+    return Availability(
+        True, f"NCCL {version} through torch.distributed; {count} CUDA device{plural}"
+    )
 
 
 class NcclBackend(Backend):
