@@ -149,8 +149,9 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
         out = input_.new_empty((n * input_.shape[0], *input_.shape[1:]))
         all_gather_into_tensor(group, out, input_)
         dim = dim + input_.dim() if dim < 0 else dim
-        stacked = out.reshape((n, *input_.shape)).movedim(0, dim)
-        return stacked.reshape((*input_.shape[:dim], -1, *input_.shape[dim + 1 :]))
+        shape = input_.shape
+        stacked = out.reshape((n, *shape)).movedim(0, dim)
+        return stacked.reshape((*shape[:dim], n * shape[dim], *shape[dim + 1 :]))
 
     def all_gatherv(
         group: CollectiveGroup,

@@ -82,7 +82,8 @@ class ProcessGroupDouble(SdkDouble):
         self.GATHER_SIZE.check(
             output.numel() == n * input.numel(), f"{output.numel()} vs {n} x {input.numel()}"
         )
-        self._gloo().all_gather_into_tensor(output, input, group=group)
+        dist = self._gloo()
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(output, input, group=group)
 
     def reduce_scatter_tensor(
         self, output: torch.Tensor, input: torch.Tensor, group: Any = None
@@ -93,7 +94,13 @@ class ProcessGroupDouble(SdkDouble):
         self.SCATTER_SIZE.check(
             input.numel() == n * output.numel(), f"{input.numel()} vs {n} x {output.numel()}"
         )
-        self._gloo().reduce_scatter_tensor(output, input, group=group)
+        dist = self._gloo()
+        scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        scatter(output, input, group=group)
+
+    # torch 2.14's names for the two (torch.distributed keeps both; the adapters prefer these).
+    all_gather_single = all_gather_into_tensor
+    reduce_scatter_single = reduce_scatter_tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
         self.record("broadcast", tensor, src=src, group=group)

@@ -27,6 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..errors import Unsupported
+
 __all__ = ["CollectiveResult", "collective_ops", "run_collective_checks"]
 
 DEFAULT_TIMEOUT = 180.0
@@ -42,6 +44,9 @@ class CollectiveResult:
     dtype: str
     passed: bool
     message: str = ""
+    # Every rank declined it with ``Unsupported`` before sending (``message`` says why): a
+    # skip, as for a single-process op; the engine serves such a call with the next candidate.
+    declined: bool = False
 
     @property
     def case_id(self) -> str:
@@ -148,8 +153,13 @@ def _collect(
         name = str(dtype).removeprefix("torch.")
         case_id = f"{op}/world={n}/{name}/{case.name}"
         problems = []
+        records = [per_rank[rank].get(case_id) for rank in range(n)]
+        declines = [r.get("declined") for r in records if r is not None]
+        if any(declines) and not all(declines) and len(declines) == n:
+            # One rank in the library while another is not: a real engine would hang.
+            problems.append(f"declined on some ranks only: {[bool(d) for d in declines]}")
         for rank in range(n):
-            record = per_rank[rank].get(case_id)
+            record = records[rank]
             if record is None:
                 why = (
                     "hung (killed at the kit's timeout)"
@@ -161,7 +171,9 @@ def _collect(
                 problems.append(f"rank {rank}: {record['message']}")
         if problems and setup:
             problems += setup
-        yield CollectiveResult(op, n, case.name, name, not problems, "\n".join(problems))
+        declined = bool(declines) and all(declines) and not problems
+        message = str(declines[0]) if declined else "\n".join(problems)
+        yield CollectiveResult(op, n, case.name, name, not problems, message, declined)
 
 
 # -- one rank ------------------------------------------------------------------------------------
@@ -188,6 +200,9 @@ def _rank_main(job: Mapping[str, Any], rank: int) -> None:
         case_id = f"{op}/world={job['world_size']}/{str(dtype).removeprefix('torch.')}/{case.name}"
         try:
             message = _check(op, case, dtype, group, fns, rank, job["world_size"])
+        except Unsupported as exc:  # declined before sending: a skip, if every rank agrees
+            write({"id": case_id, "passed": True, "declined": str(exc), "message": ""})
+            continue
         except Exception as exc:
             message = f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         write({"id": case_id, "passed": message is None, "message": message or ""})

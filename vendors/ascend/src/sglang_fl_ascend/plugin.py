@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from sglang_fl.types import OpRegistry, hookimpl
+from typing import Any
+
+from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
 from .backend import AscendBackend
+from .impl import collectives
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
@@ -45,9 +48,16 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "mrotary_embedding": mrotary_embedding,
                 "topk": topk,
                 "fused_moe": fused_moe,
+                **collectives.COLLECTIVES,
             }
         )
     )
+
+
+@hookimpl
+def sglang_fl_communicator(group: CollectiveGroup) -> Any:
+    """HCCL is the engine's own device group: checked, no per-group state (impl/collectives)."""
+    return collectives.communicator(group)
 
 
 @hookimpl
