@@ -235,7 +235,7 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
         lib.check_tensors("all_to_all_single", group, output, input)
         lib.functions().all_to_all_single(output, input, group=group.device_group)
 
-    found = {
+    found: dict[str, Callable[..., Any]] = {
         "all_reduce": all_reduce,
         "all_gather": all_gather,
         "all_gather_into_tensor": all_gather_into_tensor,
