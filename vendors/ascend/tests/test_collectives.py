@@ -18,6 +18,7 @@ from sglang_fl_ascend.impl.collectives import HCCL
 
 from sglang_fl import Unsupported
 from sglang_fl.ops.collectives import COLLECTIVES
+from sglang_fl.testing.collective_doubles import process_group_double_tests
 from sglang_fl.testing.collectives import run_collective_checks
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import CollectiveGroup
@@ -130,3 +131,10 @@ def test_a_group_not_on_hccl_keeps_the_reference_or_fails_strictly(strict: bool)
         assert "StrictModeError: SGLANG_FL_STRICT=1: plugin 'ascend': communicator for" in message
     else:
         assert "the communicator could not be set up: sglang_fl_communicator raised" in message
+
+
+# The double refuses what ProcessGroupHCCL refuses, one constraint at a time
+# (sources in hccl_double.py).
+test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constraint_is_covered = (
+    process_group_double_tests(HcclDouble)
+)

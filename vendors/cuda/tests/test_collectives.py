@@ -17,6 +17,7 @@ from sglang_fl_cuda.impl.collectives import LEFT_TO_SGLANG, NCCL, SERVED
 
 from sglang_fl import Unsupported
 from sglang_fl.ops.collectives import COLLECTIVES
+from sglang_fl.testing.collective_doubles import process_group_double_tests
 from sglang_fl.testing.collectives import run_collective_checks
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import CollectiveGroup
@@ -123,3 +124,10 @@ def test_a_group_not_on_nccl_keeps_the_reference_or_fails_strictly(strict: bool)
         )
     else:
         assert "the communicator could not be set up: sglang_fl_communicator raised" in message
+
+
+# The double refuses what ProcessGroupNCCL refuses, one constraint at a time
+# (sources in nccl_double.py).
+test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constraint_is_covered = (
+    process_group_double_tests(NcclDouble)
+)

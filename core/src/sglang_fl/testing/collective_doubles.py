@@ -15,13 +15,16 @@ double in place with ``prepare="my_double_module:install"``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from .doubles import Constraint, SdkDouble
+from .doubles import Constraint, SdkDouble, constraint_tests
 
-__all__ = ["ProcessGroupDouble"]
+__all__ = ["ProcessGroupDouble", "process_group_double_tests", "world_of_one"]
 
 
 class ProcessGroupDouble(SdkDouble):
@@ -128,3 +131,60 @@ class ProcessGroupDouble(SdkDouble):
             f"{input.numel()} in, {output.numel()} out, {n} ranks",
         )
         self._gloo().all_to_all_single(output, input, group=group)
+
+
+@contextmanager
+def world_of_one() -> Iterator[None]:
+    """A one-rank gloo world in this process while the block runs (destroyed after)."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory(prefix="sglang-fl-world-") as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+PgDoubleT = TypeVar("PgDoubleT", bound=ProcessGroupDouble)
+
+
+def process_group_double_tests(
+    make_double: Callable[[], PgDoubleT],
+) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """:func:`~sglang_fl.testing.doubles.constraint_tests` for a :class:`ProcessGroupDouble`:
+    valid calls of every function, and one call per constraint valid but for it, each in a
+    one-rank gloo world. Bind the three to ``test_*`` names in a vendor's test module."""
+    cls = type(make_double())
+
+    def within(call: Callable[[PgDoubleT], object]) -> Callable[[PgDoubleT], object]:
+        def run(double: PgDoubleT) -> object:
+            with world_of_one():
+                return call(double)
+
+        return run
+
+    def z(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    valid: list[Callable[[PgDoubleT], object]] = [
+        within(lambda d: d.get_backend()),
+        within(lambda d: d.all_reduce(z(2, 3, dtype=torch.bfloat16))),
+        within(lambda d: d.all_gather_into_tensor(z(4), z(4))),
+        within(lambda d: d.all_gather_single(z(0, 8), z(0, 8))),
+        within(
+            lambda d: d.reduce_scatter_tensor(z(4, dtype=torch.float16), z(4, dtype=torch.float16))
+        ),
+        within(lambda d: d.broadcast(z(3), 0)),
+        within(lambda d: d.all_to_all_single(z(6), z(6))),
+    ]
+    rejected: dict[Constraint, Callable[[PgDoubleT], object]] = {
+        cls.DTYPE: within(lambda d: d.all_reduce(z(2, dtype=torch.complex64))),
+        cls.CONTIGUOUS: within(lambda d: d.broadcast(z(4, 4)[:, ::2], 0)),
+        cls.DEVICE: within(lambda d: d.all_reduce(z(2, device="meta"))),
+        cls.SAME_DTYPE: within(lambda d: d.all_gather_into_tensor(z(4, dtype=torch.float16), z(4))),
+        cls.GATHER_SIZE: within(lambda d: d.all_gather_into_tensor(z(3), z(2))),
+        cls.SCATTER_SIZE: within(lambda d: d.reduce_scatter_tensor(z(2), z(3))),
+        cls.ALL_TO_ALL_SIZE: within(lambda d: d.all_to_all_single(z(2), z(3))),
+    }
+    return constraint_tests(make_double, valid, rejected)
