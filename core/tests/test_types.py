@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import sglang_fl
+import sglang_fl.collective_library
 import sglang_fl.dispatch.backends
 import sglang_fl.dispatch.probes
 import sglang_fl.dispatch.registry
@@ -24,6 +25,7 @@ DEFINED_IN = {
     "CollectiveGroup": sglang_fl.ops.collectives.group,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
+    "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,

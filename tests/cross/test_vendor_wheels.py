@@ -35,12 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_SOURCE = ROOT / "vendors" / "template"
 OPS = ("silu_and_mul", "rms_norm", "rotary_embedding")  # the ops goodchip registers
 # The ops the new-vendor template has a stub for: all but the MoE shared-expert gate function
-# and the collectives (the template has no communicator yet).
-TEMPLATE_OPS = tuple(
-    op
-    for op, contract in STANDARD_OPS.items()
-    if op != "fused_gate_sigmoid_mul" and contract.collective is None
-)
+# (the collectives included, with a FlagCX-style communicator).
+TEMPLATE_OPS = tuple(op for op in STANDARD_OPS if op != "fused_gate_sigmoid_mul")
 OURS = ("brokenimport", "goodchip", "misspelled", "thief")
 
 PYPROJECT = """

@@ -29,9 +29,10 @@ from .types import (
     OpImpl,
     Provenance,
 )
-from .types import __getattr__ as __getattr__  # OpRegistry, ...: on first use
+from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ...: on first use
 
 if TYPE_CHECKING:
+    from .collective_library import ProcessGroupLibrary
     from .dispatch.registry import OpRegistry
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
@@ -50,6 +51,7 @@ __all__ = [
     "OpImpl",
     "OpRegistry",
     "PluginLoadError",
+    "ProcessGroupLibrary",
     "Provenance",
     "RegistrationError",
     "SglangAttentionBackendOffer",

@@ -37,6 +37,10 @@ Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.co
         time, ``communicator``: the handle the hook returned for that group. A hook that
         raises or hangs leaves the group on the reference collectives (an error under
         ``SGLANG_FL_STRICT=1``); the handle's ``close()`` is its teardown.
+    :class:`ProcessGroupLibrary`
+        A library behind a ``torch.distributed`` backend (NCCL, HCCL): its limits, each with
+        its source, and the ten collective adapters built on them, which decline with
+        ``Unsupported`` what the library cannot do before anything is sent.
 
 Offering a whole SGLang attention backend (instead of, or besides, attention kernels)
     :class:`SglangAttentionBackendOffer`
@@ -80,6 +84,7 @@ from .errors import Unsupported
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from .collective_library import ProcessGroupLibrary
     from .dispatch.registry import OpRegistry
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
@@ -93,6 +98,7 @@ __all__ = [
     "CollectiveGroup",
     "OpImpl",
     "OpRegistry",
+    "ProcessGroupLibrary",
     "Provenance",
     "SglangAttentionBackendOffer",
     "Unsupported",
@@ -101,8 +107,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry``, ``CollectiveGroup`` and ``SglangAttentionBackendOffer`` on first use
-    (also for :mod:`sglang_fl`, which re-exports this function).
+    """``OpRegistry``, ``CollectiveGroup``, ``ProcessGroupLibrary`` and
+    ``SglangAttentionBackendOffer`` on first use (also for :mod:`sglang_fl`, which re-exports
+    this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
     not (the CLI's ``--help``, SGLang's plugin discovery).
@@ -119,4 +126,8 @@ def __getattr__(name: str) -> Any:
         from .ops.attention.sglang_backend import SglangAttentionBackendOffer
 
         return SglangAttentionBackendOffer
+    if name == "ProcessGroupLibrary":
+        from .collective_library import ProcessGroupLibrary
+
+        return ProcessGroupLibrary
     raise AttributeError(f"sglang_fl has no attribute {name!r}")

@@ -19,6 +19,7 @@ from sglang_fl_ascend import backend, plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
+from sglang_fl_ascend.impl.collectives import COLLECTIVES
 from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -95,10 +96,9 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "store_kv_cache": store_kv_cache,
         "decode_attention": decode_attention,
         "extend_attention": extend_attention,
+        **COLLECTIVES,  # HCCL through torch_npu's process group (test_collectives.py)
     }
-    # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
-    kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}
-    assert kernels - set(IMPLS) == WITHOUT_OPERATOR
+    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id, impl.priority) == ("ascend", "vendor.ascend", 100)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import sglang_fl_ascend
 from sglang_fl_ascend import plugin
+from sglang_fl_ascend.impl.collectives import COLLECTIVES
 from sglang_fl_ascend.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -31,7 +32,7 @@ def test_listed_from_its_distribution_and_loaded() -> None:
         "distribution": "sglang-fl-ascend",
         "version": sglang_fl_ascend.__version__,
         "status": "loaded",
-        "hooks": ["sglang_fl_platform", "sglang_fl_register_ops"],
+        "hooks": ["sglang_fl_communicator", "sglang_fl_platform", "sglang_fl_register_ops"],
         "error": None,
         "builtin": False,
     }
@@ -55,6 +56,7 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
         "store_kv_cache",
         "decode_attention",
         "extend_attention",
+        *COLLECTIVES,  # HCCL comes with torch_npu: the same probe
     } == VENDOR_OPS
     SUITE.assert_unused(
         decisions,

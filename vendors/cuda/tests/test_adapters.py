@@ -20,6 +20,7 @@ from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
 from sglang_fl_cuda.impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
+from sglang_fl_cuda.impl.collectives import COLLECTIVES, LEFT_TO_SGLANG
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
@@ -50,6 +51,7 @@ WITHOUT_KERNEL = {
     "fused_gate_sigmoid_mul",
     *ATTENTION_NO_KERNEL,  # sgl_kernel has no KV store kernel (SGLang's JIT one stays)
     *LINEAR_ATTENTION_NO_KERNEL,  # SGLang's own Triton GDN kernels stay in place
+    *LEFT_TO_SGLANG,  # SGLang's own CUDA communicators stay (test_collectives.py)
 }
 
 
@@ -88,10 +90,9 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "fused_moe": fused_moe,
         "decode_attention": decode_attention,
         "extend_attention": extend_attention,
+        **COLLECTIVES,
     }
-    # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
-    kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}
-    assert kernels - set(IMPLS) == WITHOUT_KERNEL
+    assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():
         assert impl.kind is BackendImplKind.VENDOR
         assert (impl.vendor, impl.impl_id) == ("cuda", "vendor.cuda")

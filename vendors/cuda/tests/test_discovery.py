@@ -12,6 +12,7 @@ import pytest
 import sglang_fl_cuda
 import torch
 from sglang_fl_cuda import plugin
+from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -34,7 +35,7 @@ def test_listed_from_its_distribution_and_loaded() -> None:
         "distribution": "sglang-fl-cuda",
         "version": sglang_fl_cuda.__version__,
         "status": "loaded",
-        "hooks": ["sglang_fl_platform", "sglang_fl_register_ops"],
+        "hooks": ["sglang_fl_communicator", "sglang_fl_platform", "sglang_fl_register_ops"],
         "error": None,
         "builtin": False,
     }
@@ -54,6 +55,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "fused_moe",
         "decode_attention",
         "extend_attention",
+        *SERVED,  # the NCCL collectives: probed apart, no GPU either
     } == VENDOR_OPS
     SUITE.assert_unused(decisions, NO_KERNEL, because="no CUDA device visible")
 
@@ -118,6 +120,9 @@ def test_device_and_sdk_route_every_op_to_the_kernels() -> None:
         + """
 from sgl_kernel_double import SglKernelDouble
 double = sys.modules["sgl_kernel"] = SglKernelDouble()
+import torch.distributed  # and a torch built with NCCL 2.27.3, for the collectives' probe
+torch.distributed.is_nccl_available = lambda: True
+torch.cuda.nccl.version = lambda: (2, 27, 3)
 from sglang_fl.runtime import get_runtime
 runtime = get_runtime()
 decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
@@ -127,6 +132,10 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
-    SUITE.assert_routed(found["decisions"], "sgl_kernel 0.0.0+double imported; 1 CUDA device")
+    SUITE.assert_routed(
+        found["decisions"],
+        "sgl_kernel 0.0.0+double imported; 1 CUDA device",
+        reasons=dict.fromkeys(SERVED, "NCCL 2.27.3 through torch.distributed; 1 CUDA device"),
+    )
     assert found["calls"] == ["silu_and_mul"]
     assert found["shape"] == [2, 16]

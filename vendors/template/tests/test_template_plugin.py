@@ -34,6 +34,16 @@ REGISTERED_OPS = {
     "fused_sigmoid_gating_delta_rule_update",
     "rms_norm_gated",
     "track_mamba_states",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gatherv",
+    "reduce_scatter_tensor",
+    "reduce_scatterv",
+    "broadcast",
+    "send",
+    "recv",
+    "all_to_all_single",
 }
 
 

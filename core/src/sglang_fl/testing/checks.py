@@ -300,6 +300,8 @@ def check_collective(
     failed = [r for r in results if not r.passed]
     if not results:
         return Outcome(FAILED, f"{describe(impl)}: the kit ran no case on {world_size} ranks")
+    if all(r.declined for r in results):
+        return Outcome(SKIPPED, f"{describe(impl)} declined every case: {results[0].message}")
     if failed:
         shown = "\n".join(f"{r.case_id}: {r.message}" for r in failed[:5])
         more = f"\n(and {len(failed) - 5} more)" if len(failed) > 5 else ""

@@ -14,6 +14,7 @@ installed plugins), so they need not be picklable; ``None`` checks the reference
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from ..errors import Unsupported
 
 __all__ = ["CollectiveResult", "collective_ops", "run_collective_checks"]
 
@@ -41,6 +44,9 @@ class CollectiveResult:
     dtype: str
     passed: bool
     message: str = ""
+    # Every rank declined it with ``Unsupported`` before sending (``message`` says why): a
+    # skip, as for a single-process op; the engine serves such a call with the next candidate.
+    declined: bool = False
 
     @property
     def case_id(self) -> str:
@@ -63,13 +69,17 @@ def run_collective_checks(
     timeout: float = DEFAULT_TIMEOUT,
     plugin: str | None = None,
     env: Mapping[str, str] | None = None,
+    prepare: str | None = None,
 ) -> list[CollectiveResult]:
     """Run the selected collectives' cases on ``world_size`` spawned ranks; one result each.
 
     ``impls`` maps op names to the ``impl_id`` under test (ops missing from it, and a
     ``None`` mapping, run their reference); a peer op (``recv`` for ``send``) is taken from
     ``impls`` too. ``plugin`` names the plugin whose communicator the group gets (``None``:
-    none). ``env`` is added to each rank's environment. A rank that hangs, dies or does not
+    none). ``env`` is added to each rank's environment. ``prepare`` (``"module:function"``,
+    importable in the ranks) is called first in each rank, before the group is joined: a
+    vendor's tests put their double of the collective library in place there, since the
+    ranks are fresh interpreters. A rank that hangs, dies or does not
     finish within ``timeout`` seconds fails every case it did not report.
     """
     from ..ops import get_contract
@@ -91,6 +101,7 @@ def run_collective_checks(
             "results": str(root),
             "timeout": timeout,
             "env": dict(env or {}),
+            "prepare": prepare,
         }
         ranks = [
             context.Process(target=_rank_main, args=(job, rank), name=f"sglang-fl-rank{rank}")
@@ -142,8 +153,13 @@ def _collect(
         name = str(dtype).removeprefix("torch.")
         case_id = f"{op}/world={n}/{name}/{case.name}"
         problems = []
+        records = [per_rank[rank].get(case_id) for rank in range(n)]
+        declines = [r.get("declined") for r in records if r is not None]
+        if any(declines) and not all(declines) and len(declines) == n:
+            # One rank in the library while another is not: a real engine would hang.
+            problems.append(f"declined on some ranks only: {[bool(d) for d in declines]}")
         for rank in range(n):
-            record = per_rank[rank].get(case_id)
+            record = records[rank]
             if record is None:
                 why = (
                     "hung (killed at the kit's timeout)"
@@ -155,7 +171,9 @@ def _collect(
                 problems.append(f"rank {rank}: {record['message']}")
         if problems and setup:
             problems += setup
-        yield CollectiveResult(op, n, case.name, name, not problems, "\n".join(problems))
+        declined = bool(declines) and all(declines) and not problems
+        message = str(declines[0]) if declined else "\n".join(problems)
+        yield CollectiveResult(op, n, case.name, name, not problems, message, declined)
 
 
 # -- one rank ------------------------------------------------------------------------------------
@@ -171,6 +189,9 @@ def _rank_main(job: Mapping[str, Any], rank: int) -> None:
             f.write(json.dumps(record) + "\n")
 
     try:
+        if job["prepare"]:
+            module, _, function = job["prepare"].partition(":")
+            getattr(importlib.import_module(module), function)()
         group, fns = _setup(job, rank)
     except BaseException as exc:
         write({"setup": True, "message": f"set-up failed: {exc!r}\n{traceback.format_exc()}"})
@@ -179,6 +200,9 @@ def _rank_main(job: Mapping[str, Any], rank: int) -> None:
         case_id = f"{op}/world={job['world_size']}/{str(dtype).removeprefix('torch.')}/{case.name}"
         try:
             message = _check(op, case, dtype, group, fns, rank, job["world_size"])
+        except Unsupported as exc:  # declined before sending: a skip, if every rank agrees
+            write({"id": case_id, "passed": True, "declined": str(exc), "message": ""})
+            continue
         except Exception as exc:
             message = f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         write({"id": case_id, "passed": message is None, "message": message or ""})

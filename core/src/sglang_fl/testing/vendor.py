@@ -131,12 +131,15 @@ class VendorSuite:
 
     def contract_cases(self) -> list[ParameterSet]:
         """``(op, case, dtype)`` pytest params: every case and dtype of every op implemented,
-        with ids ``<op>/<dtype>/<case>`` as the conformance kit names them."""
+        with ids ``<op>/<dtype>/<case>`` as the conformance kit names them. Collectives are
+        not among them: their cases run on several ranks at once
+        (:func:`~sglang_fl.testing.collectives.run_collective_checks`)."""
         import pytest
 
         return [
             pytest.param(op, case, dtype, id=f"{op}/{case_id}")
             for op in self.implementations
+            if STANDARD_OPS[op].collective is None
             for case, dtype, case_id in contract_grid(op)
         ]
 
@@ -202,8 +205,15 @@ class VendorSuite:
             assert mine["availability_reason"].startswith(because), mine["availability_reason"]
             assert mine["reason"] == f"unavailable: {mine['availability_reason']}", op
 
-    def assert_routed(self, decisions: Mapping[str, Decision], availability: str) -> None:
-        """Every op this plugin implements resolved to it, its probe saying ``availability``;
+    def assert_routed(
+        self,
+        decisions: Mapping[str, Decision],
+        availability: str,
+        *,
+        reasons: Mapping[str, str] | None = None,
+    ) -> None:
+        """Every op this plugin implements resolved to it, its probe saying ``availability``
+        (``reasons``: op -> what another probe of the plugin says, e.g. its collectives');
         every other op to the reference."""
         assert set(decisions) >= self.ops, sorted(self.ops - set(decisions))
         for op, decision in decisions.items():
@@ -211,4 +221,5 @@ class VendorSuite:
                 assert decision["chosen"] == f"reference.{op}", op
                 continue
             assert decision["chosen"] == self.impl_id, op
-            assert self.candidate(decision)["availability_reason"] == availability, op
+            want = (reasons or {}).get(op, availability)
+            assert self.candidate(decision)["availability_reason"] == want, op

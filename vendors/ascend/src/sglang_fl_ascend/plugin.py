@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from sglang_fl.types import OpRegistry, hookimpl
+from typing import Any
+
+from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
 from .backend import AscendBackend
+from .impl import collectives
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import decode_attention, extend_attention, store_kv_cache
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
@@ -42,9 +45,16 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "store_kv_cache": store_kv_cache,
                 "decode_attention": decode_attention,
                 "extend_attention": extend_attention,
+                **collectives.COLLECTIVES,
             }
         )
     )
+
+
+@hookimpl
+def sglang_fl_communicator(group: CollectiveGroup) -> Any:
+    """HCCL is the engine's own device group: checked, no per-group state (impl/collectives)."""
+    return collectives.communicator(group)
 
 
 @hookimpl

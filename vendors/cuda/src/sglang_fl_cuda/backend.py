@@ -8,7 +8,7 @@ import torch
 
 from sglang_fl.types import Availability, Backend, ChipSdk
 
-__all__ = ["FLASH_ATTN", "SGL_KERNEL", "CudaBackend"]
+__all__ = ["FLASH_ATTN", "SGL_KERNEL", "CudaBackend", "NcclBackend"]
 
 
 def _no_cuda_hint() -> str:
@@ -63,3 +63,36 @@ class CudaBackend(Backend):
 
     def is_available(self) -> Availability:
         return SGL_KERNEL.probe()
+
+
+def _nccl_availability() -> Availability:
+    """CUDA devices and a torch built with NCCL (``ProcessGroupNCCL``); torch is already
+    imported, so this imports nothing new."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        return Availability(False, f"no CUDA device visible ({_no_cuda_hint()})")
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return Availability(False, f"torch {torch.__version__} is built without NCCL")
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    plural = "" if count == 1 else "s"
+    return Availability(
+        True, f"NCCL {version} through torch.distributed; {count} CUDA device{plural}"
+    )
+
+
+class NcclBackend(Backend):
+    """The collectives: NCCL through torch.distributed, on the engine's ``nccl`` device groups.
+
+    Probed apart from :class:`CudaBackend`: collectives need NCCL, not ``sgl_kernel``."""
+
+    @property
+    def name(self) -> str:
+        return "cuda"
+
+    def is_available(self) -> Availability:
+        try:
+            return _nccl_availability()
+        except Exception as exc:  # a driver error while asking: a reason, never a raise
+            return Availability(False, f"probing NCCL failed: {type(exc).__name__}: {exc}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from sglang_fl.types import OpRegistry, hookimpl
+from typing import Any
 
-from .backend import CudaBackend
+from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
+
+from .backend import CudaBackend, NcclBackend
+from .impl import collectives
 from .impl.activation import gelu_and_mul, silu_and_mul
 from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from .impl.attention import decode_attention, extend_attention
@@ -23,6 +26,7 @@ NO_KERNEL = {
     "fused_gate_sigmoid_mul": "sgl_kernel has none (SGLang's own Triton kernel stays in place)",
     **ATTENTION_NO_KERNEL,
     **LINEAR_ATTENTION_NO_KERNEL,
+    **collectives.LEFT_TO_SGLANG,
 }
 
 
@@ -46,6 +50,13 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             }
         )
     )
+    registry.register_many(NcclBackend().implementations(collectives.COLLECTIVES))
+
+
+@hookimpl
+def sglang_fl_communicator(group: CollectiveGroup) -> Any:
+    """NCCL is the engine's own device group: checked, no per-group state (impl/collectives)."""
+    return collectives.communicator(group)
 
 
 @hookimpl

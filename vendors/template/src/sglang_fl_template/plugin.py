@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from sglang_fl.types import OpRegistry, hookimpl
+from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
 from .backend import TemplateBackend
+from .communicator import Communicator, open_communicator
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import clamp_position, decode_attention, extend_attention, store_kv_cache
+from .impl.collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gatherv,
+    all_reduce,
+    all_to_all_single,
+    broadcast,
+    recv,
+    reduce_scatter_tensor,
+    reduce_scatterv,
+    send,
+)
 from .impl.linear_attention import (
     causal_conv1d_fn,
     causal_conv1d_update,
@@ -58,9 +71,26 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update,
                 "rms_norm_gated": rms_norm_gated,
                 "track_mamba_states": track_mamba_states,
+                "all_reduce": all_reduce,
+                "all_gather": all_gather,
+                "all_gather_into_tensor": all_gather_into_tensor,
+                "all_gatherv": all_gatherv,
+                "reduce_scatter_tensor": reduce_scatter_tensor,
+                "reduce_scatterv": reduce_scatterv,
+                "broadcast": broadcast,
+                "send": send,
+                "recv": recv,
+                "all_to_all_single": all_to_all_single,
             }
         )
     )
+
+
+@hookimpl
+def sglang_fl_communicator(group: CollectiveGroup) -> Communicator:
+    """Set up the collective library for one group (communicator.py): only for groups this
+    plugin's collectives serve, on every rank of the group."""
+    return open_communicator(group)
 
 
 @hookimpl
