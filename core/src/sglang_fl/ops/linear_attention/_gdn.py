@@ -117,17 +117,25 @@ def recurrent_step(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
+    *,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token for a batch of sequences, in float32; returns ``(o, new_state)``.
 
     ``state`` ``[B, HV, V, K]``, ``q``/``k`` ``[B, HV, K]`` (q already scaled), ``v``
-    ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]``.
+    ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]`` (any leading dims that
+    broadcast work: grouped heads pass key heads once). ``in_place`` updates ``state`` itself
+    (a gathered copy the caller owns); otherwise the caller's state is not written. The reads
+    are elementwise products summed over K: for one token a matrix-vector ``bmm`` costs
+    several times more on the CPU.
     """
-    state = state * torch.exp(g)[..., None, None]  # a new tensor: the caller's is not written
-    read = (state @ k.unsqueeze(-1)).squeeze(-1)
-    delta = (v - read) * beta[..., None]
-    state.addcmul_(delta.unsqueeze(-1), k.unsqueeze(-2))
-    return (state @ q.unsqueeze(-1)).squeeze(-1), state
+    decay = torch.exp(g)[..., None, None]
+    state = state.mul_(decay) if in_place else state * decay
+    k_row = k.unsqueeze(-2)
+    read = (state * k_row).sum(dim=-1)
+    delta = (v - read).mul_(beta.unsqueeze(-1))
+    state.addcmul_(delta.unsqueeze(-1), k_row)
+    return (state * q.unsqueeze(-2)).sum(dim=-1), state
 
 
 def _chunk_major(x: torch.Tensor, chunks: int, chunk_size: int) -> torch.Tensor:
