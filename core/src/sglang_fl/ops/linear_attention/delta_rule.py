@@ -309,9 +309,7 @@ def fused_recurrent_gated_delta_rule_packed_decode(
         g = gdn_decay(A_log, a_live, dt_bias).reshape(n, heads_qk, r)
         beta = torch.sigmoid(b_live.float()).to(b.dtype).float().reshape(n, heads_qk, r)
         state = initial_state.index_select(0, where).float()  # a copy: updated in place
-        o, new = recurrent_step(
-            state.view(n, heads_qk, r, dv, dk), q, k, v, g, beta, in_place=True
-        )
+        o, new = recurrent_step(state.view(n, heads_qk, r, dv, dk), q, k, v, g, beta, in_place=True)
         initial_state.index_copy_(0, where, new.reshape(n, heads_v, dv, dk).to(initial_state.dtype))
         o = o.reshape(n, heads_v, dv)
         if rows is None:
