@@ -112,3 +112,26 @@ def test_a_decline_is_reported_once_and_the_next_candidate_serves(tmp_path: Path
         "acme: 3 value heads; the kernel needs a multiple of 4",
     }
     assert {r["op"] for r in rows} == {contract.name}
+
+
+def test_one_layer_and_all_layer_track_hooks_copy_the_same_rows() -> None:
+    contract = get_contract("track_mamba_states")
+    one = ROUTES["mamba_state_scatter_triton.track_mamba_states_if_needed"].adapt(
+        contract.reference
+    )
+    every = ROUTES["mamba_state_scatter_triton.track_mamba_states_all_layers"].adapt(
+        contract.reference
+    )
+    gen = torch.Generator().manual_seed(0)
+    conv, ssm = torch.randn(2, 6, 4, 3, generator=gen), torch.randn(2, 6, 2, 4, generator=gen)
+    per_layer = [(conv[i].clone(), ssm[i].clone()) for i in range(2)]
+    index = (torch.tensor([1, 2, 3]), torch.tensor([True, False, True]), torch.tensor([4, 5, 0]))
+    every(sglang_original, conv, ssm, *index, 3)
+    for layer, (c, s) in enumerate(per_layer):
+        one(sglang_original, c, s, *index, 3)  # [N, ...] pools: one layer's
+        torch.testing.assert_close(c, conv[layer], rtol=0, atol=0)
+        torch.testing.assert_close(s, ssm[layer], rtol=0, atol=0)
+        assert torch.equal(c[4], c[1])  # tracked rows copied to their slots
+        assert torch.equal(c[0], c[3])
+        assert not torch.equal(c[5], c[2])  # the untracked row: its slot untouched
+    assert one(sglang_original, c, s, *index, 3, check_freed_slots=True) == "sglang's own"

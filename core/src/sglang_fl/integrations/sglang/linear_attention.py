@@ -319,52 +319,37 @@ def _gated_norm(fn: Forward) -> Around:
     return forward
 
 
-def _track_one_layer(fn: Forward) -> Around:
-    def track_mamba_states_if_needed(
-        original: Forward,
-        conv_states: torch.Tensor,
-        ssm_states: torch.Tensor,
-        cache_indices: torch.Tensor,
-        mamba_track_mask: torch.Tensor,
-        mamba_track_indices: torch.Tensor,
-        batch_size: int,
-        check_freed_slots: bool = False,
-    ) -> Any:
-        if check_freed_slots:  # the unified pool's freed-slot marks: not in the contract
-            return original(
-                conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices,
-                batch_size, check_freed_slots,
+def _track(*, all_layers: bool) -> Callable[[Forward], Around]:
+    """The adapter for ``track_mamba_states_if_needed`` (one layer's ``[N, ...]`` pools) or
+    ``track_mamba_states_all_layers`` (``[L, N, ...]``): same arguments, same copies; the op
+    takes the layered form, so one layer's pools gain a leading ``L = 1`` view."""
+
+    def adapt(fn: Forward) -> Around:
+        def track_mamba_states(
+            original: Forward,
+            conv_states: torch.Tensor,
+            ssm_states: torch.Tensor,
+            cache_indices: torch.Tensor,
+            mamba_track_mask: torch.Tensor,
+            mamba_track_indices: torch.Tensor,
+            batch_size: int,
+            check_freed_slots: bool = False,
+        ) -> Any:
+            if check_freed_slots:  # the unified pool's freed-slot marks: not in the contract
+                return original(
+                    conv_states, ssm_states, cache_indices, mamba_track_mask,
+                    mamba_track_indices, batch_size, check_freed_slots,
+                )  # fmt: skip
+            if not all_layers:
+                conv_states, ssm_states = conv_states.unsqueeze(0), ssm_states.unsqueeze(0)
+            fn(
+                None, conv_states, ssm_states, cache_indices, mamba_track_mask,
+                mamba_track_indices, batch_size,
             )  # fmt: skip
-        fn(
-            None, conv_states.unsqueeze(0), ssm_states.unsqueeze(0), cache_indices,
-            mamba_track_mask, mamba_track_indices, batch_size,
-        )  # fmt: skip
 
-    return track_mamba_states_if_needed
+        return track_mamba_states
 
-
-def _track_all_layers(fn: Forward) -> Around:
-    def track_mamba_states_all_layers(
-        original: Forward,
-        conv_states_pool: torch.Tensor,
-        ssm_states_pool: torch.Tensor,
-        cache_indices: torch.Tensor,
-        mamba_track_mask: torch.Tensor,
-        mamba_track_indices: torch.Tensor,
-        batch_size: int,
-        check_freed_slots: bool = False,
-    ) -> Any:
-        if check_freed_slots:
-            return original(
-                conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask,
-                mamba_track_indices, batch_size, check_freed_slots,
-            )  # fmt: skip
-        fn(
-            None, conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask,
-            mamba_track_indices, batch_size,
-        )  # fmt: skip
-
-    return track_mamba_states_all_layers
+    return adapt
 
 
 _TRACK = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
@@ -396,8 +381,12 @@ GDN_ROUTES: tuple[GdnRoute, ...] = (
     ),
     GdnRoute(f"{_FLA}.fused_norm_gate.FusedRMSNormGated.forward", "rms_norm_gated", _fused_norm),
     GdnRoute(f"{_FLA}.layernorm_gated.RMSNorm.forward", "rms_norm_gated", _gated_norm),
-    GdnRoute(f"{_TRACK}.track_mamba_states_if_needed", "track_mamba_states", _track_one_layer),
-    GdnRoute(f"{_TRACK}.track_mamba_states_all_layers", "track_mamba_states", _track_all_layers),
+    GdnRoute(
+        f"{_TRACK}.track_mamba_states_if_needed", "track_mamba_states", _track(all_layers=False)
+    ),
+    GdnRoute(
+        f"{_TRACK}.track_mamba_states_all_layers", "track_mamba_states", _track(all_layers=True)
+    ),
 )
 
 

@@ -17,6 +17,7 @@ sequence length (``O(T * C * (K + V))``), not quadratic.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -52,18 +53,23 @@ def gdn_decay(
     return -torch.exp(A_log.float()) * soft
 
 
-def expand_heads(x: torch.Tensor, num_v_heads: int, op: str) -> torch.Tensor:
-    """``[..., H, D]`` -> ``[..., HV, D]``: each query/key head serves ``HV // H`` value heads.
-
-    Value head ``hv`` reads key head ``hv // (HV // H)``, as FLA's kernels index it.
-    """
-    heads = x.shape[-2]
+def check_heads(heads: int, num_v_heads: int, op: str) -> int:
+    """The value heads per query/key head; a count that does not divide is a ``ValueError``."""
     if heads == 0 or num_v_heads % heads:
         raise ValueError(
             f"{op}: the value heads ({num_v_heads}) must be a multiple of the query/key heads "
             f"({heads})"
         )
-    return x.repeat_interleave(num_v_heads // heads, dim=-2) if num_v_heads != heads else x
+    return num_v_heads // heads
+
+
+def expand_heads(x: torch.Tensor, num_v_heads: int, op: str) -> torch.Tensor:
+    """``[..., H, D]`` -> ``[..., HV, D]``: each query/key head serves ``HV // H`` value heads.
+
+    Value head ``hv`` reads key head ``hv // (HV // H)``, as FLA's kernels index it.
+    """
+    ratio = check_heads(x.shape[-2], num_v_heads, op)
+    return x.repeat_interleave(ratio, dim=-2) if ratio != 1 else x
 
 
 def check_state_indices(
@@ -111,17 +117,44 @@ def recurrent_step(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
+    *,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token for a batch of sequences, in float32; returns ``(o, new_state)``.
 
     ``state`` ``[B, HV, V, K]``, ``q``/``k`` ``[B, HV, K]`` (q already scaled), ``v``
-    ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]``.
+    ``[B, HV, V]``, ``g``/``beta`` ``[B, HV]``; ``o`` is ``[B, HV, V]`` (any leading dims that
+    broadcast work: grouped heads pass key heads once). ``in_place`` updates ``state`` itself
+    (a gathered copy the caller owns); otherwise the caller's state is not written. The reads
+    are elementwise products summed over K: for one token a matrix-vector ``bmm`` costs
+    several times more on the CPU.
     """
-    state = state * torch.exp(g)[..., None, None]  # a new tensor: the caller's is not written
-    read = (state @ k.unsqueeze(-1)).squeeze(-1)
-    delta = (v - read) * beta[..., None]
-    state.addcmul_(delta.unsqueeze(-1), k.unsqueeze(-2))
-    return (state @ q.unsqueeze(-1)).squeeze(-1), state
+    decay = torch.exp(g)[..., None, None]
+    state = state.mul_(decay) if in_place else state * decay
+    k_row = k.unsqueeze(-2)
+    read = (state * k_row).sum(dim=-1)
+    delta = (v - read).mul_(beta.unsqueeze(-1))
+    state.addcmul_(delta.unsqueeze(-1), k_row)
+    return (state * q.unsqueeze(-2)).sum(dim=-1), state
+
+
+def _chunk_major(x: torch.Tensor, chunks: int, chunk_size: int) -> torch.Tensor:
+    """``[T, h, D]`` -> ``[N, h, C, D]`` contiguous, the tail chunk zero-padded: one copy."""
+    tokens, heads, dim = x.shape
+    full, tail = divmod(tokens, chunk_size)
+    y = x.new_empty(chunks, heads, chunk_size, dim)
+    if full:
+        y[:full].copy_(x[: full * chunk_size].unflatten(0, (full, chunk_size)).transpose(1, 2))
+    if tail:  # zero keys, values, decays and betas: padding changes no state
+        y[full, :, :tail].copy_(x[full * chunk_size :].transpose(0, 1))
+        y[full, :, tail:].zero_()
+    return y
+
+
+@functools.cache
+def _strictly_upper(chunk_size: int, device: torch.device) -> torch.Tensor:
+    """The causal mask of one chunk (what token ``i`` may not see), built once per size."""
+    return torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=device).triu_(1)
 
 
 def chunked_sequence(
@@ -135,60 +168,62 @@ def chunked_sequence(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence, chunk by chunk, in float32; returns ``(o, final_state, chunk_states)``.
 
-    ``state`` ``[HV, V, K]``; ``q``/``k`` ``[T, HV, K]`` (q already scaled), ``v``
-    ``[T, HV, V]``, ``g``/``beta`` ``[T, HV]``. ``o`` is ``[T, HV, V]``; ``chunk_states`` is
-    ``[ceil(T / C), HV, V, K]``, the state *before* each chunk (FLA's ``h``).
+    ``state`` ``[HV, V, K]`` (not written); ``q``/``k`` ``[T, H, K]`` (q already scaled; value
+    head ``hv`` reads key head ``hv // (HV // H)``), ``v`` ``[T, HV, V]``, ``g``/``beta``
+    ``[T, HV]``. ``o`` is ``[T, HV, V]``; ``chunk_states`` is ``[ceil(T / C), HV, V, K]``, the
+    state *before* each chunk (FLA's ``h``).
 
     Within a chunk, with ``G_i`` the cumulative log decay up to token ``i``, the delta-rule
     updates ``u_i = beta_i (v_i - S_{i-1} k_i)`` satisfy the unit lower-triangular system
     ``(I + A) U = beta * (V - exp(G) S_0 K^T)`` with ``A_ij = beta_i exp(G_i - G_j) k_i . k_j``
-    for ``j < i``, solved for both right-hand sides at once with one triangular solve.
+    for ``j < i``. Everything but the carried state is batched over chunks and heads (one
+    triangular inverse for both right-hand sides, key-head products formed once per key head,
+    not per value head); the loop over chunks only carries the state, and it reads and writes
+    the ``[V, K]`` layout in place through transposed matmul operands, never copying it.
     """
     tokens, heads, dk = k.shape
-    dv = v.shape[-1]
-    chunks = -(-tokens // chunk_size)
-    padded = chunks * chunk_size
-    if padded != tokens:  # zero keys, values and decays: padding changes no state
-        pad = padded - tokens
-        q = F.pad(q, (0, 0, 0, 0, 0, pad))
-        k = F.pad(k, (0, 0, 0, 0, 0, pad))
-        v = F.pad(v, (0, 0, 0, 0, 0, pad))
-        g = F.pad(g, (0, 0, 0, pad))
-        beta = F.pad(beta, (0, 0, 0, pad))
-    # [HV, N, C, D]: heads and chunks batched, tokens of one chunk in the rows.
-    q, k, v = (
-        x.reshape(chunks, chunk_size, heads, -1).permute(2, 0, 1, 3).contiguous() for x in (q, k, v)
+    heads_v, dv = v.shape[-2], v.shape[-1]
+    ratio, size = heads_v // heads, chunk_size
+    chunks = -(-tokens // size)
+    # [N, h, C, D]: chunks and heads batched, tokens of one chunk in the rows.
+    qc, kc, vc = (_chunk_major(x, chunks, size) for x in (q, k, v))
+    gc = _chunk_major(g.unsqueeze(-1), chunks, size).squeeze(-1).cumsum_(dim=-1)  # [N, HV, C]
+    bc = _chunk_major(beta.unsqueeze(-1), chunks, size)  # [N, HV, C, 1]
+
+    def per_value_head(key_side: torch.Tensor, value_side: torch.Tensor) -> torch.Tensor:
+        """A key-head tensor ``[N, H, C, X]`` times a value-head one ``[N, HV, C, Y]``."""
+        grouped = key_side.unsqueeze(2) * value_side.view(chunks, heads, ratio, size, -1)
+        return grouped.view(chunks, heads_v, size, -1)
+
+    decay = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill_(
+        _strictly_upper(size, k.device), float("-inf")
     )
-    g = g.reshape(chunks, chunk_size, heads).permute(2, 0, 1).cumsum(dim=-1)
-    beta = beta.reshape(chunks, chunk_size, heads).permute(2, 0, 1)
+    decay.exp_()  # [N, HV, C, C]: exp(G_i - G_j) on and below the diagonal, 0 above
+    system = per_value_head(kc @ kc.transpose(-1, -2), decay * bc)  # beta_i k_i.k_j decay_ij
+    attend = per_value_head(qc @ kc.transpose(-1, -2), decay)  # causal, diagonal included
+    eye = torch.eye(size, dtype=torch.float32, device=k.device).expand_as(system)
+    # The solver reads only the strictly lower triangle (unit diagonal): no mask needed.
+    inverse = torch.linalg.solve_triangular(system, eye, upper=False, unitriangular=True)
+    u = inverse @ vc.mul_(bc)  # value part, [N, HV, C, V]
+    to_chunk = gc.exp().unsqueeze(-1)  # [N, HV, C, 1]: decay from the chunk's start
+    w = inverse @ per_value_head(kc, bc * to_chunk)  # state-read part
+    last = gc[..., -1:]  # [N, HV, 1]
+    k_to_end = per_value_head(kc, (last - gc).exp_().unsqueeze(-1))
+    chunk_decay = last.exp().unsqueeze(-1)  # [N, HV, 1, 1]
 
-    lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).tril()
-    gap = g[..., :, None] - g[..., None, :]
-    decay = gap.masked_fill(~lower, float("-inf")).exp()  # [HV, N, C, C], 0 above
-    kk = k @ k.transpose(-1, -2)
-    system = (beta[..., None] * kk * decay).tril(-1) + torch.eye(chunk_size, device=k.device)
-    k_beta_decayed = beta[..., None] * torch.exp(g)[..., None] * k  # [HV, N, C, K]
-    rhs = torch.cat((beta[..., None] * v, k_beta_decayed), dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    u, w = solved[..., :dv], solved[..., dv:]  # value part and state-read part
-    attend = (q @ k.transpose(-1, -2)) * decay  # causal, diagonal included
-    q_decayed = q * torch.exp(g)[..., None]
-    last = g[..., -1]  # [HV, N]
-    k_to_end = k * torch.exp(last[..., None] - g)[..., None]
-
-    out = torch.empty(heads, chunks, chunk_size, dv, dtype=torch.float32, device=k.device)
-    states = torch.empty(chunks, heads, dv, dk, dtype=torch.float32, device=k.device)
-    u, w = u.contiguous(), w.contiguous()
+    states = torch.empty(chunks + 1, heads_v, dv, dk, dtype=torch.float32, device=k.device)
+    states[0] = state
     for c in range(chunks):
-        states[c] = state
-        s_t = state.transpose(-1, -2).contiguous()  # [HV, K, V]
-        new_v = u[:, c] - w[:, c] @ s_t  # [HV, C, V]
-        out[:, c] = q_decayed[:, c] @ s_t + attend[:, c] @ new_v
-        state = (
-            state * torch.exp(last[:, c])[:, None, None] + new_v.transpose(-1, -2) @ k_to_end[:, c]
-        )
-    o = out.permute(1, 2, 0, 3).reshape(padded, heads, dv)[:tokens]
-    return o, state, states
+        u[c].baddbmm_(w[c], states[c].transpose(-1, -2), alpha=-1)  # u becomes the new values
+        torch.mul(states[c], chunk_decay[c], out=states[c + 1])
+        states[c + 1].baddbmm_(u[c].transpose(-1, -2), k_to_end[c])
+    out = attend @ u
+    q_decayed = per_value_head(qc, to_chunk)
+    out.view(-1, size, dv).baddbmm_(
+        q_decayed.view(-1, size, dk), states[:chunks].view(-1, dv, dk).transpose(-1, -2)
+    )
+    o = out.transpose(1, 2).reshape(chunks * size, heads_v, dv)[:tokens]
+    return o, states[chunks], states[:chunks]
 
 
 def prepare_qkv(
@@ -198,16 +233,20 @@ def prepare_qkv(
     v: torch.Tensor,
     scale: float | None,
     use_qk_l2norm: bool,
+    *,
+    expand: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 ``q`` (normalised if asked, scaled), ``k`` (normalised if asked), ``v``;
-    query/key heads expanded to the value heads."""
+    query/key heads expanded to the value heads unless ``expand`` is false (the chunked form
+    broadcasts them instead; the head counts are checked either way)."""
     heads_v = v.shape[-2]
     if scale is None:
         scale = k.shape[-1] ** -0.5
     qf, kf = (l2norm(q), l2norm(k)) if use_qk_l2norm else (q.float(), k.float())
-    qf = expand_heads(qf * scale, heads_v, op)
-    kf = expand_heads(kf, heads_v, op)
-    return qf, kf, v.float()
+    if not expand:
+        check_heads(k.shape[-2], heads_v, op)
+        return qf * scale, kf, v.float()
+    return expand_heads(qf * scale, heads_v, op), expand_heads(kf, heads_v, op), v.float()
 
 
 def sequence_bounds(

@@ -101,7 +101,7 @@ def chunk_gated_delta_rule(
     batch, tokens, _, dk = k.shape
     heads_v, dv = v.shape[-2], v.shape[-1]
     spans = sequence_bounds(op, cu_seqlens, batch, tokens)
-    qf, kf, vf = prepare_qkv(op, q, k, v, scale, use_qk_l2norm_in_kernel)
+    qf, kf, vf = prepare_qkv(op, q, k, v, scale, use_qk_l2norm_in_kernel, expand=False)
     gf, bf = g.float(), beta.float()
     if initial_state is not None:
         if initial_state_indices is None:
@@ -120,7 +120,8 @@ def chunk_gated_delta_rule(
     else:
         slots = list(range(len(spans)))
         states = torch.zeros(len(spans), heads_v, dv, dk, dtype=torch.float32, device=k.device)
-    out = torch.zeros(batch, tokens, heads_v, dv, dtype=torch.float32, device=k.device)
+    # The spans cover every token: no zero fill; one whole row is returned as it is.
+    out = torch.empty(batch, tokens, heads_v, dv, dtype=torch.float32, device=k.device)
     chunk_states: list[torch.Tensor] = []
     finals: list[tuple[int, torch.Tensor]] = []
     for (row, start, end), slot in zip(spans, slots, strict=True):
@@ -134,17 +135,21 @@ def chunk_gated_delta_rule(
             gf[row, start:end],
             bf[row, start:end],
         )
-        out[row, start:end] = o
+        if batch == 1 and end - start == tokens:
+            out = o.unsqueeze(0)
+        else:
+            out[row, start:end] = o
         chunk_states.append(h)
         finals.append((slot, final))
     if inplace_update or initial_state is None:
         for slot, final in finals:  # after every read: a slot may serve two sequences
             states[slot] = final.to(states.dtype)
-    h_all = (
-        torch.cat(chunk_states)
-        if chunk_states
-        else torch.zeros(0, heads_v, dv, dk, dtype=torch.float32, device=k.device)
-    )
+    if len(chunk_states) == 1:
+        h_all = chunk_states[0]
+    elif chunk_states:
+        h_all = torch.cat(chunk_states)
+    else:
+        h_all = torch.zeros(0, heads_v, dv, dk, dtype=torch.float32, device=k.device)
     return out.to(q.dtype), h_all.unsqueeze(0).to(k.dtype), states
 
 
@@ -303,8 +308,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
         v = packed[:, 2 * heads_qk * dk :].reshape(n, heads_qk, r, dv).float()
         g = gdn_decay(A_log, a_live, dt_bias).reshape(n, heads_qk, r)
         beta = torch.sigmoid(b_live.float()).to(b.dtype).float().reshape(n, heads_qk, r)
-        state = initial_state.index_select(0, where).float()
-        o, new = recurrent_step(state.view(n, heads_qk, r, dv, dk), q, k, v, g, beta)
+        state = initial_state.index_select(0, where).float()  # a copy: updated in place
+        o, new = recurrent_step(state.view(n, heads_qk, r, dv, dk), q, k, v, g, beta, in_place=True)
         initial_state.index_copy_(0, where, new.reshape(n, heads_v, dv, dk).to(initial_state.dtype))
         o = o.reshape(n, heads_v, dv)
         if rows is None:
