@@ -1,4 +1,5 @@
-"""Fixtures: the ``sgl_kernel`` test double, installed for one test and removed after it."""
+"""Fixtures: the ``sgl_kernel`` test double and the double of SGLang's Triton GDN kernels, each
+installed for one test and removed after it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import sys
 
 import pytest
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
-from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.backend import SGL_KERNEL, SGLANG_TRITON
 from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
+from sglang_triton_double import SglangTritonGdnDouble
 
 from sglang_fl.testing.doubles import install_double
 
@@ -26,3 +28,9 @@ def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
     module = sys.modules[SGLANG_FUSED_MOE]
     assert isinstance(module, SglangTritonMoeDouble)
     return module
+
+
+@pytest.fixture
+def triton_gdn(monkeypatch: pytest.MonkeyPatch) -> SglangTritonGdnDouble:
+    """A fresh double as the module the ``SGLANG_TRITON`` probe imports (the GDN adapters')."""
+    return install_double(monkeypatch, SglangTritonGdnDouble(), SGLANG_TRITON)

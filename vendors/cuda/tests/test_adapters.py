@@ -18,6 +18,7 @@ import torch
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
+from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
@@ -30,7 +31,9 @@ from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
 from sglang_fl.testing.vendor import VendorSuite, topk_config
 
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
-REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
+REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
+# The GDN adapters call SGLang's Triton kernels, not sgl_kernel: test_linear_attention.py.
+CASES = [p for p in SUITE.contract_cases() if p.values[0] not in LINEAR_ATTENTION]
 
 
 # The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
@@ -46,7 +49,7 @@ WITHOUT_KERNEL = {
     "store_kv_cache",
     "decode_attention",
     "extend_attention",
-    *LINEAR_ATTENTION_NO_KERNEL,  # SGLang's own Triton GDN kernels stay in place
+    *LINEAR_ATTENTION_NO_KERNEL,  # no adapter yet: SGLang's own Triton GDN kernels stay
 }
 
 
@@ -83,6 +86,7 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "gemma_rms_norm": gemma_rms_norm,
         "topk": topk,
         "fused_moe": fused_moe,
+        **LINEAR_ATTENTION,
     }
     # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
     kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}

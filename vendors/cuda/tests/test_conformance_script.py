@@ -16,6 +16,7 @@ import torch
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
 from sglang_fl_cuda.plugin import NO_KERNEL
+from sglang_triton_double import SglangTritonGdnDouble
 
 from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
@@ -49,7 +50,10 @@ def narrow_gates(op: str, dtypes: tuple[torch.dtype, ...]) -> int:
 
 
 def test_every_case_is_checked_and_measured(
-    script: ModuleType, sgl_kernel: SglKernelDouble, sglang_triton_moe: SglangTritonMoeDouble
+    script: ModuleType,
+    sgl_kernel: SglKernelDouble,
+    sglang_triton_moe: SglangTritonMoeDouble,
+    triton_gdn: SglangTritonGdnDouble,
 ) -> None:
     # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
     sglang_triton_moe.published = False
@@ -62,8 +66,10 @@ def test_every_case_is_checked_and_measured(
     declined = [r for r in rows if r.status == "skipped"]
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
     # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
-    # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors.
+    # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors;
+    # SGLang's chunked GDN kernel asserts its inputs are not float32.
     assert {(r.op, r.dtype) for r in declined} == {
+        ("chunk_gated_delta_rule", "float32"),
         ("rms_norm", "float32"),
         ("gemma_rms_norm", "float32"),
         ("topk", "float16"),

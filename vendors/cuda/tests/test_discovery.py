@@ -12,6 +12,7 @@ import pytest
 import sglang_fl_cuda
 import torch
 from sglang_fl_cuda import plugin
+from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -52,6 +53,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "gemma_rms_norm",
         "topk",
         "fused_moe",
+        *LINEAR_ATTENTION,
     } == VENDOR_OPS
     SUITE.assert_unused(decisions, NO_KERNEL, because="no CUDA device visible")
 
@@ -115,7 +117,9 @@ def test_device_and_sdk_route_every_op_to_the_kernels() -> None:
         WITH_ONE_DEVICE
         + """
 from sgl_kernel_double import SglKernelDouble
+from sglang_triton_double import SglangTritonGdnDouble
 double = sys.modules["sgl_kernel"] = SglKernelDouble()
+sys.modules["sglang_fl_cuda.sglang_triton"] = SglangTritonGdnDouble()
 from sglang_fl.runtime import get_runtime
 runtime = get_runtime()
 decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
@@ -125,6 +129,15 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
-    SUITE.assert_routed(found["decisions"], "sgl_kernel 0.0.0+double imported; 1 CUDA device")
+    # Two probes: sgl_kernel for its kernels, SGLang's Triton kernels for the GDN family.
+    probes = {"sgl_kernel": "sgl_kernel", "triton": "sglang_fl_cuda.sglang_triton"}
+    for op, decision in found["decisions"].items():
+        if op not in SUITE.ops:
+            assert decision["chosen"] == f"reference.{op}", op
+            continue
+        sdk = probes["triton" if op in LINEAR_ATTENTION else "sgl_kernel"]
+        assert decision["chosen"] == SUITE.impl_id, op
+        reason = cuda_candidate(decision)["availability_reason"]
+        assert reason == f"{sdk} 0.0.0+double imported; 1 CUDA device", op
     assert found["calls"] == ["silu_and_mul"]
     assert found["shape"] == [2, 16]
