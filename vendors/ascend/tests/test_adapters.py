@@ -18,6 +18,7 @@ import torch
 from sglang_fl_ascend import backend, plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from sglang_fl_ascend.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -32,13 +33,15 @@ from sglang_fl.testing.doubles import install_double
 from sglang_fl.testing.vendor import VendorSuite, topk_config
 
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
-REGISTRY, IMPLS, CASES = SUITE.registry, SUITE.implementations, SUITE.contract_cases()
+REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
+# The GDN adapters call sgl_kernel_npu, not torch_npu: test_linear_attention.py.
+CASES = [p for p in SUITE.contract_cases() if p.values[0] not in LINEAR_ATTENTION]
 # torch_npu has no operator of its own for these: SGLang's forward_npu has no NPU path
 # (ClampPositionOp, Qwen2-MoE's gate function); the reference runs on torch_npu's aten ops.
 WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
 # Declared too, until this wheel has adapters for torch_npu's attention operators.
 WITHOUT_OPERATOR |= {"store_kv_cache", "decode_attention", "extend_attention"}
-# The GDN family: no torch_npu operator.
+# The GDN family: no torch_npu operator (sgl_kernel_npu serves fused_gdn_gating only).
 WITHOUT_OPERATOR |= set(LINEAR_ATTENTION_NO_KERNEL)
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
@@ -89,6 +92,7 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "mrotary_embedding": mrotary_embedding,
         "topk": topk,
         "fused_moe": fused_moe,
+        **LINEAR_ATTENTION,
     }
     # Collectives have no adapter in this wheel yet: SGLang's own device path serves them.
     kernels = {op for op, contract in STANDARD_OPS.items() if contract.collective is None}

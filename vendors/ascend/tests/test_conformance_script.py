@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from sgl_kernel_npu_double import SglKernelNpuGatingDouble
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from torch_npu_double import TorchNpuDouble
@@ -48,7 +49,9 @@ def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatc
     assert synchronized == ["npu"]
 
 
-def test_every_case_passes_or_is_declined(script: ModuleType, torch_npu: TorchNpuDouble) -> None:
+def test_every_case_passes_or_is_declined(
+    script: ModuleType, torch_npu: TorchNpuDouble, sgl_kernel_npu_gating: SglKernelNpuGatingDouble
+) -> None:
     found = run_cases(script.TARGET, dtypes=[torch.bfloat16], device="cpu", repeat=0)
     registered = [
         c for op, c in STANDARD_OPS.items() if op not in plugin.NO_KERNEL and c.collective is None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from sglang_fl.types import OpRegistry, hookimpl
 
-from .backend import AscendBackend
+from .backend import AscendBackend, SglKernelNpuBackend
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
+from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -28,7 +29,7 @@ NO_KERNEL = {
 
 @hookimpl
 def sglang_fl_register_ops(registry: OpRegistry) -> None:
-    """Register the torch_npu adapters themselves; availability is probed on first use."""
+    """Register the adapters themselves; availability is probed on first use."""
     for op_name, reason in NO_KERNEL.items():
         registry.declare_no_kernel(op_name, reason)
     registry.register_many(
@@ -48,6 +49,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             }
         )
     )
+    # sgl_kernel_npu's GDN operators: the same vendor, probed after torch_npu.
+    registry.register_many(SglKernelNpuBackend().implementations(LINEAR_ATTENTION))
 
 
 @hookimpl
