@@ -5,9 +5,9 @@ Not the real kernels. It stands in for the module the ``SGLANG_TRITON`` probe im
 forwards to SGLang's functions unchanged), so the CUDA adapters can be checked here without a
 GPU: the same function names, keyword arguments, return values and in-place writes as SGLang's
 ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule``,
-``fused_recurrent_gated_delta_rule_packed_decode``, ``fused_sigmoid_gating_delta_rule_update``
-and ``fused_gdn_gating``, and every precondition of theirs, each a
-:class:`~sglang_fl.testing.doubles.Constraint` naming its source in
+``fused_recurrent_gated_delta_rule_packed_decode``, ``fused_sigmoid_gating_delta_rule_update``,
+``fused_gdn_gating`` and ``fused_norm_gate.layer_norm_gated_fwd``, and every precondition of
+theirs, each a :class:`~sglang_fl.testing.doubles.Constraint` naming its source in
 ``sglang/kernels/ops/attention/`` of SGLang 0.5.23: the functions' own asserts and
 ``ValueError``s, and the kernels' addressing where a violation is not checked but reads or
 writes the wrong memory. After its checks it computes with core's reference of the op
@@ -17,6 +17,7 @@ indices in the chunked kernel) raise ``NotImplementedError`` rather than a guess
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ RECURRENT = f"{SGLANG}/fla/fused_recurrent.py"
 PACKED = f"{RECURRENT}, fused_recurrent_gated_delta_rule_packed_decode"
 SIGMOID = f"{SGLANG}/linear/fused_sigmoid_gating_recurrent.py"
 GATING = f"{SGLANG}/linear/fused_gdn_gating.py"
+NORM = f"{SGLANG}/fla/fused_norm_gate.py"
 HEAD_MAP = "value head i reads key head i // (HV // H)"
 WRONG_MEMORY = "reads or writes the wrong elements (not checked)"
 PAST_THE_POOL = "reads and writes past the pool (no bound check)"
@@ -64,7 +66,7 @@ def _unmodeled(holds: bool, what: str) -> None:
 
 
 class SglangTritonGdnDouble(SdkDouble):
-    """``sglang_fl_cuda.sglang_triton`` stand-in: SGLang's five Triton GDN entry points."""
+    """``sglang_fl_cuda.sglang_triton`` stand-in: SGLang's six Triton GDN entry points."""
 
     # -- chunk_gated_delta_rule -------------------------------------------------------------
     CHUNK_DTYPE = Constraint(
@@ -225,6 +227,35 @@ class SglangTritonGdnDouble(SdkDouble):
         f"{GATING}: `batch, num_heads = a.shape`; the kernel addresses a + i_b * stride_a + "
         "head and A_log + head",
         WRONG_MEMORY,
+    )
+
+    # -- layer_norm_gated_fwd (fused_norm_gate.py) ------------------------------------------
+    NORM_ROWS = Constraint(
+        "layer_norm_gated_fwd",
+        "contiguous 2-D x and g [T, D]",
+        f"{NORM}, layer_norm_gated_fwd_kernel: make_block_ptr(x, (T, D), (D, 1), ...), the same "
+        "for g and y",
+        WRONG_MEMORY,
+    )
+    NORM_WIDTH = Constraint(
+        "layer_norm_gated_fwd",
+        "rows of at most 64 KB",
+        f"{NORM}, layer_norm_gated_fwd: raise RuntimeError(\"This layer norm doesn't support "
+        'feature dim >= 64KB.")',
+        "raises RuntimeError",
+    )
+    NORM_WEIGHT = Constraint(
+        "layer_norm_gated_fwd",
+        "weight [D] (or None) and bias [D] (or None)",
+        f"{NORM}, layer_norm_gated_fwd: `assert weight.shape == (D,)`",
+        "raises AssertionError",
+    )
+    NORM_ACTIVATION = Constraint(
+        "layer_norm_gated_fwd",
+        "activation 'swish', 'silu' or 'sigmoid'",
+        f"{NORM}, layer_norm_gated_fwd_kernel: `if ACTIVATION == 'swish' or ... 'silu'`, "
+        "`elif ACTIVATION == 'sigmoid'`",
+        "applies no gate at all",
     )
 
     def __init__(self) -> None:
@@ -450,3 +481,41 @@ class SglangTritonGdnDouble(SdkDouble):
             None, A_log, a, b, dt_bias, beta, threshold
         )
         return got
+
+    def layer_norm_gated_fwd(
+        self,
+        x: torch.Tensor,
+        g: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        activation: str = "swish",
+        eps: float = 1e-5,
+        residual: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+        residual_dtype: torch.dtype | None = None,
+        is_rms_norm: bool = False,
+        g_strided: tuple[int, int, int] | None = None,
+    ) -> tuple[torch.Tensor, None, torch.Tensor, torch.Tensor]:
+        """Returns ``(y, mean=None, rstd, x)`` for the RMS norm; ``y`` *is* ``x`` (written over)
+        unless ``out_dtype`` is given, as in SGLang."""
+        self.record(
+            "layer_norm_gated_fwd", x=x, g=g, weight=weight, bias=bias, activation=activation,
+            eps=eps, residual=residual, out_dtype=out_dtype, residual_dtype=residual_dtype,
+            is_rms_norm=is_rms_norm, g_strided=g_strided,
+        )  # fmt: skip
+        _unmodeled(is_rms_norm and residual is None and residual_dtype is None, "layer norm, "
+                   "residuals")  # fmt: skip
+        _unmodeled(bias is None and weight is not None and g_strided is None, "bias, strided g")
+        self.NORM_ROWS.check(
+            x.dim() == 2 and g.shape == x.shape and x.is_contiguous() and g.is_contiguous(),
+            f"x {list(x.shape)} strides {x.stride()}, g strides {g.stride()}",
+        )
+        self.NORM_WIDTH.check(x.shape[1] * x.element_size() <= 65536, f"D={x.shape[1]}")
+        assert weight is not None  # for mypy: unmodeled above
+        self.NORM_WEIGHT.check(weight.shape == (x.shape[1],), f"weight {list(weight.shape)}")
+        self.NORM_ACTIVATION.check(activation in ("swish", "silu", "sigmoid"), activation)
+        layer = SimpleNamespace(weight=weight, eps=eps, activation=activation)
+        result = get_contract("rms_norm_gated").reference(layer, x, g)
+        y = x if out_dtype is None else torch.empty_like(x, dtype=out_dtype)
+        y.copy_(result)
+        return y, None, torch.ones(x.shape[0]), x

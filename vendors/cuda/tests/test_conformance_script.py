@@ -67,9 +67,12 @@ def test_every_case_is_checked_and_measured(
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
     # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
     # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors;
-    # SGLang's chunked GDN kernel asserts its inputs are not float32.
+    # SGLang's chunked GDN kernel asserts its inputs are not float32; its gated norm has no
+    # groups and normalises before the gate.
     assert {(r.op, r.dtype) for r in declined} == {
         ("chunk_gated_delta_rule", "float32"),
+        ("rms_norm_gated", "float16"),
+        ("rms_norm_gated", "float32"),
         ("rms_norm", "float32"),
         ("gemma_rms_norm", "float32"),
         ("topk", "float16"),

@@ -115,12 +115,24 @@ def gating(a: torch.Tensor | None = None) -> Call:
     return lambda sdk: sdk.fused_gdn_gating(torch.rand(4), a, t(5, 4), t(4))
 
 
+def norm(
+    x: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    activation: str = "silu",
+) -> Call:
+    x = t(5, 16) if x is None else x
+    weight = t(16) if weight is None else weight
+    return lambda sdk: sdk.layer_norm_gated_fwd(
+        x, t(*x.shape), weight, None, activation, 1e-6, out_dtype=x.dtype, is_rms_norm=True
+    )
+
+
 def _batch_of_two() -> Call:
     q, k, v, g, beta = (x.expand(2, *x.shape[1:]) for x in qkv())
     return chunk(q, k, v, g, beta)
 
 
-VALID: list[Call] = [chunk(), recurrent(), packed(), sigmoid(), gating()]
+VALID: list[Call] = [chunk(), recurrent(), packed(), sigmoid(), gating(), norm()]
 REJECTED = {
     D.CHUNK_DTYPE: chunk(*qkv(dtype=torch.float32)),
     D.CHUNK_BETA: chunk(*qkv()[:4], torch.rand(1, 5, 4, 1)),
@@ -149,6 +161,10 @@ REJECTED = {
     D.SIGMOID_POOL: sigmoid(initial_state_source=strided(pool(5))),
     D.SIGMOID_INDEX: sigmoid(initial_state_indices=torch.tensor([4, 5, 0], dtype=torch.int32)),
     D.GATING_LAYOUT: gating(strided(t(5, 4))),
+    D.NORM_ROWS: norm(strided(t(5, 16))),
+    D.NORM_WIDTH: norm(t(2, 40000), t(40000)),  # 80 KB of bfloat16
+    D.NORM_WEIGHT: norm(weight=t(8)),
+    D.NORM_ACTIVATION: norm(activation="gelu"),
 }
 
 test_valid_calls_pass, test_rejects_what_the_kernels_reject, test_every_constraint_is_covered = (

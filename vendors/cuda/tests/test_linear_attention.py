@@ -26,7 +26,7 @@ SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
 CASES = [p for p in SUITE.contract_cases() if p.values[0] in gdn.ADAPTERS]
 
 
-def test_registers_the_five_adapters_under_the_triton_probe() -> None:
+def test_registers_the_six_adapters_under_the_triton_probe() -> None:
     impls = {op: SUITE.implementations[op] for op in gdn.ADAPTERS}
     assert {op: impl.fn for op, impl in impls.items()} == dict(gdn.ADAPTERS)
     assert {impl.impl_id for impl in impls.values()} == {"vendor.cuda"}
@@ -37,8 +37,27 @@ def test_registers_the_five_adapters_under_the_triton_probe() -> None:
     assert len(set(gdn.NO_KERNEL) | set(gdn.ADAPTERS)) == 10
 
 
-def declined(op: str, dtype: torch.dtype) -> bool:
-    """SGLang's chunked kernel asserts q is not float32 (fla/chunk.py)."""
+def test_the_gated_norm_asks_for_a_new_output(triton_gdn: SglangTritonGdnDouble) -> None:
+    """SGLang's launcher writes the result over x unless given out_dtype."""
+    contract = get_contract("rms_norm_gated")
+    inputs = contract.make_inputs(
+        contract.cases[2], torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(0)
+    )
+    x, gate = inputs.args
+    before = x.clone()
+    y = gdn.rms_norm_gated(inputs.obj, x, gate)
+    (call,) = triton_gdn.calls
+    assert call.kwargs["out_dtype"] == torch.bfloat16
+    assert call.kwargs["is_rms_norm"] is True
+    assert torch.equal(x, before)
+    assert y.data_ptr() != x.data_ptr()
+
+
+def declined(op: str, params: Mapping[str, Any], dtype: torch.dtype) -> bool:
+    """SGLang's chunked kernel asserts q is not float32 (fla/chunk.py); its gated norm
+    normalises whole rows before the gate (fla/fused_norm_gate.py)."""
+    if op == "rms_norm_gated":
+        return bool(params.get("group")) or not params.get("norm_before_gate", True)
     return op == "chunk_gated_delta_rule" and dtype == torch.float32
 
 
@@ -47,14 +66,15 @@ def test_contract_case(
     triton_gdn: SglangTritonGdnDouble, op: str, case: OpCase, dtype: torch.dtype
 ) -> None:
     outcome = check_case(SUITE.implementations[op], case, dtype)
-    if declined(op, dtype):
+    if declined(op, case.params, dtype):
         assert outcome.status == SKIPPED, outcome.message
-        assert "float32" in outcome.message
         assert triton_gdn.calls == []
     else:
         assert outcome.status == PASSED, outcome.message
         empty_chunk = op == "chunk_gated_delta_rule" and not case.params["lens"]
-        assert triton_gdn.called == ([] if empty_chunk else [op])
+        empty_norm = op == "rms_norm_gated" and not case.params["tokens"]
+        kernel = "layer_norm_gated_fwd" if op == "rms_norm_gated" else op
+        assert triton_gdn.called == ([] if empty_chunk or empty_norm else [kernel])
 
 
 def _inputs(op: str, case: int = 2, dtype: torch.dtype = torch.bfloat16) -> Any:

@@ -56,6 +56,7 @@ SGLANG_TRITON = ChipSdk(
         "fused_recurrent_gated_delta_rule_packed_decode",
         "fused_sigmoid_gating_delta_rule_update",
         "fused_gdn_gating",
+        "layer_norm_gated_fwd",
     ),
     no_device_hint=_no_cuda_hint,
 )

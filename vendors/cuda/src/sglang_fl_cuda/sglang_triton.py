@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import sglang.kernels.ops.attention.fla.chunk as _chunk
+import sglang.kernels.ops.attention.fla.fused_norm_gate as _norm
 import sglang.kernels.ops.attention.fla.fused_recurrent as _recurrent
 import sglang.kernels.ops.attention.linear.fused_gdn_gating as _gating
 import sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent as _sigmoid
@@ -31,6 +32,7 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_packed_decode",
     "fused_sigmoid_gating_delta_rule_update",
+    "layer_norm_gated_fwd",
     "unhooked",
 ]
 
@@ -86,3 +88,9 @@ def fused_sigmoid_gating_delta_rule_update(*args: Any, **kwargs: Any) -> Any:
 def fused_gdn_gating(*args: Any, **kwargs: Any) -> Any:
     """``sglang.kernels.ops.attention.linear.fused_gdn_gating.fused_gdn_gating``."""
     return unhooked(_gating.fused_gdn_gating)(*args, **kwargs)
+
+
+def layer_norm_gated_fwd(*args: Any, **kwargs: Any) -> Any:
+    """``sglang.kernels.ops.attention.fla.fused_norm_gate.layer_norm_gated_fwd``: the launcher
+    under ``FusedRMSNormGated.forward`` (the routed method), which can allocate its output."""
+    return unhooked(_norm.layer_norm_gated_fwd)(*args, **kwargs)

@@ -1,12 +1,13 @@
 """The gated-delta-rule (GDN) family on CUDA: SGLang 0.5.23's own Triton kernels, behind the
 standard signatures.
 
-sgl_kernel has no GDN kernels; on CUDA SGLang runs its Triton ones. Five are wrapped here, so
+sgl_kernel has no GDN kernels; on CUDA SGLang runs its Triton ones. Six are wrapped here, so
 the conformance kit can check them on a GPU and the policy can choose them:
 ``chunk_gated_delta_rule`` (``fla/chunk.py``), ``fused_recurrent_gated_delta_rule`` and
 ``..._packed_decode`` (``fla/fused_recurrent.py``), ``fused_sigmoid_gating_delta_rule_update``
-(``linear/fused_sigmoid_gating_recurrent.py``) and ``fused_gdn_gating``
-(``linear/fused_gdn_gating.py``), all under ``sglang/kernels/ops/attention/``. They are reached
+(``linear/fused_sigmoid_gating_recurrent.py``), ``fused_gdn_gating``
+(``linear/fused_gdn_gating.py``) and ``rms_norm_gated`` (``fla/fused_norm_gate.py``'s
+``layer_norm_gated_fwd``), all under ``sglang/kernels/ops/attention/``. They are reached
 through :mod:`sglang_fl_cuda.sglang_triton` (the ``SGLANG_TRITON`` probe), which calls SGLang's
 function *without* sglang-fl's own routing hook around it.
 
@@ -21,7 +22,7 @@ assert or a write outside the pool. The cost is a few host-side checks per call,
 device-to-host read of the state indices (skipped while a CUDA graph is being captured, where
 no read is possible; SGLang's own indices are then trusted, as SGLang trusts them).
 
-The other five ops have no adapter yet (``NO_KERNEL``): their Triton kernels stay in place.
+The other four ops have no adapter yet (``NO_KERNEL``): their Triton kernels stay in place.
 Every refusal below cites the kernel source it follows.
 """
 
@@ -43,7 +44,6 @@ NO_KERNEL = {
     "causal_conv1d_fn": f"{_PREFIX} (mamba/causal_conv1d_triton; on CUDA SGLang's compiled "
     f"causal_conv1d): {_NO_ADAPTER}",
     "causal_conv1d_update": f"{_PREFIX} (mamba/causal_conv1d_triton): {_NO_ADAPTER}",
-    "rms_norm_gated": f"{_PREFIX} (fla/fused_norm_gate): {_NO_ADAPTER}",
     "track_mamba_states": f"{_PREFIX} (mamba/mamba_state_scatter_triton): {_NO_ADAPTER}",
 }
 
@@ -53,6 +53,11 @@ CHUNK_H = "fla/chunk_delta_h.py"
 RECURRENT = "fla/fused_recurrent.py"
 SIGMOID = "linear/fused_sigmoid_gating_recurrent.py"
 GATING = "linear/fused_gdn_gating.py"
+NORM = "fla/fused_norm_gate.py"
+# layer_norm_gated_fwd: "This layer norm doesn't support feature dim >= 64KB."
+MAX_NORM_ROW_BYTES = 65536
+# The gate activations layer_norm_gated_fwd_kernel applies (any other: no gate at all).
+NORM_ACTIVATIONS = frozenset({"swish", "silu", "sigmoid"})
 # chunk_gated_delta_rule_fwd_h: `assert K <= 256`.
 MAX_CHUNK_HEAD_DIM = 256
 
@@ -336,6 +341,40 @@ def fused_gdn_gating(
     return g, beta_out
 
 
+def rms_norm_gated(obj: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The gated RMS norm on ``layer_norm_gated_fwd`` (``fla/fused_norm_gate.py``), the launcher
+    under ``FusedRMSNormGated.forward``: asked for a new output (``out_dtype``), since by
+    default it writes the result over ``x``."""
+    op = "rms_norm_gated"
+    if obj.activation not in NORM_ACTIVATIONS:
+        raise Unsupported(f"{op}: activation {obj.activation!r}: the kernel gates with "
+                          f"{sorted(NORM_ACTIVATIONS)} only ({NORM})")  # fmt: skip
+    hidden = x.shape[-1]
+    if not getattr(obj, "norm_before_gate", True):
+        raise Unsupported(f"{op}: SGLang's kernel normalises before gating ({NORM})")
+    if getattr(obj, "group_size", None) not in (None, hidden):
+        raise Unsupported(f"{op}: SGLang's kernel normalises whole rows, no groups ({NORM})")
+    if x.dim() != 2 or gate.shape != x.shape or obj.weight.shape != (hidden,):
+        raise Unsupported(f"{op}: x and gate [T, hidden], weight [hidden] ({NORM})")
+    if hidden * x.element_size() > MAX_NORM_ROW_BYTES:
+        raise Unsupported(f"{op}: rows over 64 KB ({NORM}: layer_norm_gated_fwd raises)")
+    if x.shape[0] == 0:
+        return x.new_empty(x.shape)
+    sglang = SGLANG_TRITON.require()
+    y, _, _, _ = sglang.layer_norm_gated_fwd(
+        x=x.contiguous(),  # rows addressed at i * hidden (make_block_ptr strides (D, 1))
+        g=gate.contiguous(),
+        weight=obj.weight.contiguous(),
+        bias=None,
+        activation=obj.activation,
+        eps=obj.eps,
+        out_dtype=x.dtype,
+        is_rms_norm=True,
+    )
+    result: torch.Tensor = y
+    return result
+
+
 ADAPTERS: Mapping[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": chunk_gated_delta_rule,
     "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
@@ -344,4 +383,5 @@ ADAPTERS: Mapping[str, Callable[..., Any]] = {
     ),
     "fused_sigmoid_gating_delta_rule_update": fused_sigmoid_gating_delta_rule_update,
     "fused_gdn_gating": fused_gdn_gating,
+    "rms_norm_gated": rms_norm_gated,
 }
