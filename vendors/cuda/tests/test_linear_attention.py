@@ -258,3 +258,22 @@ def test_strided_read_only_inputs_reach_the_kernels_as_it_addresses_them(
     (call,) = triton_gdn.calls
     assert call.args[1].stride(-1) == 1
     torch.testing.assert_close(call.args[1], a)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"weight": None}, {"group_size": 8}, {"norm_before_gate": False}, {"activation": "gelu"}],
+    ids=["no weight", "groups", "gate first", "gelu gate"],
+)
+def test_the_gated_norm_refuses_what_the_kernel_cannot_do(
+    triton_gdn: SglangTritonGdnDouble, change: dict[str, Any]
+) -> None:
+    contract = get_contract("rms_norm_gated")
+    inputs = contract.make_inputs(
+        contract.cases[5], torch.float16, torch.device("cpu"), torch.Generator().manual_seed(0)
+    )
+    for name, value in change.items():
+        setattr(inputs.obj, name, value)
+    with pytest.raises(Unsupported, match="rms_norm_gated"):
+        gdn.rms_norm_gated(inputs.obj, *inputs.args)
+    assert triton_gdn.calls == []

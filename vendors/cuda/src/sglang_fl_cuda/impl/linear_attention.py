@@ -354,7 +354,8 @@ def rms_norm_gated(obj: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tenso
         raise Unsupported(f"{op}: SGLang's kernel normalises before gating ({NORM})")
     if getattr(obj, "group_size", None) not in (None, hidden):
         raise Unsupported(f"{op}: SGLang's kernel normalises whole rows, no groups ({NORM})")
-    if x.dim() != 2 or gate.shape != x.shape or obj.weight.shape != (hidden,):
+    weight = getattr(obj, "weight", None)
+    if weight is None or x.dim() != 2 or gate.shape != x.shape or weight.shape != (hidden,):
         raise Unsupported(f"{op}: x and gate [T, hidden], weight [hidden] ({NORM})")
     if hidden * x.element_size() > MAX_NORM_ROW_BYTES:
         raise Unsupported(f"{op}: rows over 64 KB ({NORM}: layer_norm_gated_fwd raises)")
@@ -364,7 +365,7 @@ def rms_norm_gated(obj: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tenso
     y, _, _, _ = sglang.layer_norm_gated_fwd(
         x=x.contiguous(),  # rows addressed at i * hidden (make_block_ptr strides (D, 1))
         g=gate.contiguous(),
-        weight=obj.weight.contiguous(),
+        weight=weight.contiguous(),
         bias=None,
         activation=obj.activation,
         eps=obj.eps,
