@@ -1,9 +1,11 @@
-"""Fixtures: the ``torch_npu`` test double, installed for one test and removed after it."""
+"""Fixtures: the ``torch_npu`` test double and the double of sgl_kernel_npu's GDN gating
+module, each installed for one test and removed after it."""
 
 from __future__ import annotations
 
 import pytest
-from sglang_fl_ascend.backend import TORCH_NPU
+from sgl_kernel_npu_double import SglKernelNpuGatingDouble
+from sglang_fl_ascend.backend import SGL_KERNEL_NPU_GATING, TORCH_NPU
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.testing.doubles import install_double
@@ -13,3 +15,9 @@ from sglang_fl.testing.doubles import install_double
 def torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
     """A fresh double as ``torch_npu``, both in ``sys.modules`` and as the adapters' module."""
     return install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
+
+
+@pytest.fixture
+def sgl_kernel_npu_gating(monkeypatch: pytest.MonkeyPatch) -> SglKernelNpuGatingDouble:
+    """A fresh double as ``sgl_kernel_npu.fla.fused_gdn_gating`` (the GDN gating adapter's)."""
+    return install_double(monkeypatch, SglKernelNpuGatingDouble(), SGL_KERNEL_NPU_GATING)

@@ -20,6 +20,7 @@ from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
 from sglang_fl_ascend.impl.collectives import COLLECTIVES
+from sglang_fl_ascend.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -36,13 +37,18 @@ from sglang_fl.testing.vendor import VendorSuite, topk_config
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
 REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
 # The attention ops' cases run in test_attention.py (their declines follow the operators'
-# block-size and option rules, pinned there).
+# block-size and option rules, pinned there); the GDN adapters call sgl_kernel_npu, not
+# torch_npu: test_linear_attention.py.
 ATTENTION = {"store_kv_cache", "decode_attention", "extend_attention"}
-CASES = [param for param in SUITE.contract_cases() if param.values[0] not in ATTENTION]
+CASES = [
+    param
+    for param in SUITE.contract_cases()
+    if param.values[0] not in ATTENTION and param.values[0] not in LINEAR_ATTENTION
+]
 # torch_npu has no operator of its own for these: SGLang's forward_npu has no NPU path
 # (ClampPositionOp, Qwen2-MoE's gate function); the reference runs on torch_npu's aten ops.
 WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
-# The GDN family: no torch_npu operator.
+# The GDN family: no torch_npu operator (sgl_kernel_npu serves fused_gdn_gating only).
 WITHOUT_OPERATOR |= set(LINEAR_ATTENTION_NO_KERNEL)
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
@@ -97,6 +103,7 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "decode_attention": decode_attention,
         "extend_attention": extend_attention,
         **COLLECTIVES,  # HCCL through torch_npu's process group (test_collectives.py)
+        **LINEAR_ATTENTION,
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():

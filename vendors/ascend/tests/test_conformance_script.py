@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from sgl_kernel_npu_double import SglKernelNpuGatingDouble
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.collectives import COLLECTIVES
@@ -49,7 +50,9 @@ def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatc
     assert synchronized == ["npu"]
 
 
-def test_every_case_passes_or_is_declined(script: ModuleType, torch_npu: TorchNpuDouble) -> None:
+def test_every_case_passes_or_is_declined(
+    script: ModuleType, torch_npu: TorchNpuDouble, sgl_kernel_npu_gating: SglKernelNpuGatingDouble
+) -> None:
     found = run_cases(script.TARGET, dtypes=[torch.bfloat16], device="cpu", repeat=0)
     # The HCCL collectives: one row each, skipped (they run on several ranks at once).
     collective = [r for r in found if STANDARD_OPS[r.op].collective is not None]

@@ -11,6 +11,7 @@ from pathlib import Path
 import sglang_fl_ascend
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.impl.collectives import COLLECTIVES
+from sglang_fl_ascend.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_ascend.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -57,6 +58,7 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
         "decode_attention",
         "extend_attention",
         *COLLECTIVES,  # HCCL comes with torch_npu: the same probe
+        *LINEAR_ATTENTION,
     } == VENDOR_OPS
     SUITE.assert_unused(
         decisions,
@@ -131,7 +133,9 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
         import json, sys
         import torch
         from torch_npu_double import TorchNpuDouble
+        from sgl_kernel_npu_double import SglKernelNpuGatingDouble
         double = sys.modules["torch_npu"] = TorchNpuDouble(devices=2)
+        sys.modules["sgl_kernel_npu.fla.fused_gdn_gating"] = SglKernelNpuGatingDouble()
         from sglang_fl.runtime import get_runtime
         runtime = get_runtime()
         decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
@@ -140,6 +144,16 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
                           "shape": list(out.shape)}))
         """
     )
-    SUITE.assert_routed(found["decisions"], "torch_npu 2.7.1.post2+double imported; 2 NPUs")
+    # Two probes: torch_npu for its operators, sgl_kernel_npu's module for the GDN gating.
+    probes = {"torch_npu": "torch_npu 2.7.1.post2+double", "sgl": "sgl_kernel_npu.fla."
+              "fused_gdn_gating 0.0.0+double"}  # fmt: skip
+    for op, decision in found["decisions"].items():
+        if op not in SUITE.ops:
+            assert decision["chosen"] == f"reference.{op}", op
+            continue
+        sdk = probes["sgl" if op in LINEAR_ATTENTION else "torch_npu"]
+        assert decision["chosen"] == SUITE.impl_id, op
+        reason = ascend_candidate(decision)["availability_reason"]
+        assert reason == f"{sdk} imported; 2 NPUs", op
     assert found["calls"] == ["npu_swiglu"]
     assert found["shape"] == [2, 4]

@@ -1,4 +1,5 @@
-"""Fixtures: the ``sgl_kernel`` test double, installed for one test and removed after it."""
+"""Fixtures: the doubles of ``sgl_kernel``, its FlashAttention-3 module and SGLang's Triton GDN
+kernels, each installed for one test and removed after it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import sys
 import pytest
 from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
-from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL
+from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL, SGLANG_TRITON
 from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
+from sglang_triton_double import SglangTritonGdnDouble
 
 from sglang_fl.testing.doubles import install_double
 
@@ -33,3 +35,9 @@ def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
 def flash_attn(monkeypatch: pytest.MonkeyPatch) -> FlashAttnDouble:
     """A fresh double as ``sgl_kernel.flash_attn`` (FlashAttention-3), on an emulated sm90."""
     return install_double(monkeypatch, FlashAttnDouble(), FLASH_ATTN)
+
+
+@pytest.fixture
+def triton_gdn(monkeypatch: pytest.MonkeyPatch) -> SglangTritonGdnDouble:
+    """A fresh double as the module the ``SGLANG_TRITON`` probe imports (the GDN adapters')."""
+    return install_double(monkeypatch, SglangTritonGdnDouble(), SGLANG_TRITON)

@@ -21,6 +21,7 @@ from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
 from sglang_fl_cuda.impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
 from sglang_fl_cuda.impl.collectives import COLLECTIVES, LEFT_TO_SGLANG
+from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
@@ -35,9 +36,14 @@ from sglang_fl.testing.vendor import VendorSuite, topk_config
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
 REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
 # The attention adapters call FlashAttention-3, not sgl_kernel's top-level kernels: their cases
-# run in test_attention.py against that double.
+# run in test_attention.py against that double; the GDN adapters call SGLang's Triton kernels:
+# test_linear_attention.py.
 ATTENTION = {"decode_attention", "extend_attention"}
-CASES = [param for param in SUITE.contract_cases() if param.values[0] not in ATTENTION]
+CASES = [
+    param
+    for param in SUITE.contract_cases()
+    if param.values[0] not in ATTENTION and param.values[0] not in LINEAR_ATTENTION
+]
 
 
 # The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
@@ -50,7 +56,7 @@ WITHOUT_KERNEL = {
     "clamp_position",
     "fused_gate_sigmoid_mul",
     *ATTENTION_NO_KERNEL,  # sgl_kernel has no KV store kernel (SGLang's JIT one stays)
-    *LINEAR_ATTENTION_NO_KERNEL,  # SGLang's own Triton GDN kernels stay in place
+    *LINEAR_ATTENTION_NO_KERNEL,  # no adapter yet: SGLang's own Triton GDN kernels stay
     *LEFT_TO_SGLANG,  # SGLang's own CUDA communicators stay (test_collectives.py)
 }
 
@@ -91,6 +97,7 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "decode_attention": decode_attention,
         "extend_attention": extend_attention,
         **COLLECTIVES,
+        **LINEAR_ATTENTION,
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():

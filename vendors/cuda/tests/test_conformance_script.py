@@ -18,6 +18,7 @@ from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import SGL_KERNEL
 from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.plugin import NO_KERNEL
+from sglang_triton_double import SglangTritonGdnDouble
 
 from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
@@ -55,6 +56,7 @@ def test_every_case_is_checked_and_measured(
     sgl_kernel: SglKernelDouble,
     sglang_triton_moe: SglangTritonMoeDouble,
     flash_attn: FlashAttnDouble,
+    triton_gdn: SglangTritonGdnDouble,
 ) -> None:
     # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
     sglang_triton_moe.published = False
@@ -73,12 +75,17 @@ def test_every_case_is_checked_and_measured(
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
     # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
     # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors;
-    # FlashAttention-3 has no float32 kernel and no 96/64 key/value head sizes.
+    # FlashAttention-3 has no float32 kernel and no 96/64 key/value head sizes; SGLang's chunked
+    # GDN kernel asserts its inputs are not float32; its gated norm has no groups and normalises
+    # before the gate.
     assert {(r.op, r.dtype) for r in declined} == {
         ("decode_attention", "float16"),
         ("decode_attention", "float32"),
         ("extend_attention", "float16"),
         ("extend_attention", "float32"),
+        ("chunk_gated_delta_rule", "float32"),
+        ("rms_norm_gated", "float16"),
+        ("rms_norm_gated", "float32"),
         ("rms_norm", "float32"),
         ("gemma_rms_norm", "float32"),
         ("topk", "float16"),

@@ -13,6 +13,7 @@ import sglang_fl_cuda
 import torch
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.collectives import SERVED
+from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -56,6 +57,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "decode_attention",
         "extend_attention",
         *SERVED,  # the NCCL collectives: probed apart, no GPU either
+        *LINEAR_ATTENTION,
     } == VENDOR_OPS
     SUITE.assert_unused(decisions, NO_KERNEL, because="no CUDA device visible")
 
@@ -119,10 +121,12 @@ def test_device_and_sdk_route_every_op_to_the_kernels() -> None:
         WITH_ONE_DEVICE
         + """
 from sgl_kernel_double import SglKernelDouble
+from sglang_triton_double import SglangTritonGdnDouble
 double = sys.modules["sgl_kernel"] = SglKernelDouble()
 import torch.distributed  # and a torch built with NCCL 2.27.3, for the collectives' probe
 torch.distributed.is_nccl_available = lambda: True
 torch.cuda.nccl.version = lambda: (2, 27, 3)
+sys.modules["sglang_fl_cuda.sglang_triton"] = SglangTritonGdnDouble()
 from sglang_fl.runtime import get_runtime
 runtime = get_runtime()
 decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
@@ -132,10 +136,16 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
+    # Three probes besides sgl_kernel's: NCCL for the collectives, SGLang's Triton kernels for
+    # the GDN family.
+    triton = "sglang_fl_cuda.sglang_triton 0.0.0+double imported; 1 CUDA device"
     SUITE.assert_routed(
         found["decisions"],
         "sgl_kernel 0.0.0+double imported; 1 CUDA device",
-        reasons=dict.fromkeys(SERVED, "NCCL 2.27.3 through torch.distributed; 1 CUDA device"),
+        reasons={
+            **dict.fromkeys(SERVED, "NCCL 2.27.3 through torch.distributed; 1 CUDA device"),
+            **dict.fromkeys(LINEAR_ATTENTION, triton),
+        },
     )
     assert found["calls"] == ["silu_and_mul"]
     assert found["shape"] == [2, 16]

@@ -15,7 +15,15 @@ from types import ModuleType
 
 from sglang_fl.types import Availability, Backend, ChipSdk
 
-__all__ = ["TORCH_NPU", "AscendBackend", "AscendSoc", "NpuPlatform", "platform"]
+__all__ = [
+    "SGL_KERNEL_NPU_GATING",
+    "TORCH_NPU",
+    "AscendBackend",
+    "AscendSoc",
+    "NpuPlatform",
+    "SglKernelNpuBackend",
+    "platform",
+]
 
 # The first torch_npu release line of Ascend Extension for PyTorch 7.2.0 (CANN 8.3.RC1): the
 # op-plugin 7.1.0 branch builds torch_npu 2.1.0/2.5.1/2.6.0, 7.2.0 adds 2.7.1 and 2.8.0 (op-plugin
@@ -130,6 +138,17 @@ TORCH_NPU = ChipSdk(
     no_device_hint=_no_npu_hint,
 )
 
+# sgl_kernel_npu's GDN gating module (Triton-Ascend kernels; the SGLang NPU path's own): it
+# imports torch_npu itself, so it is probed only once torch_npu's probe found an NPU.
+SGL_KERNEL_NPU_GATING = ChipSdk(
+    "sgl_kernel_npu.fla.fused_gdn_gating",
+    device="NPU",
+    count_devices=_count_npus,
+    devices_need_sdk=True,
+    requires=("fused_gdn_gating_npu",),
+    no_device_hint=_no_npu_hint,
+)
+
 
 class AscendBackend(Backend):
     """Available when ``torch_npu`` imports (with CANN) and at least one NPU is visible."""
@@ -140,3 +159,16 @@ class AscendBackend(Backend):
 
     def is_available(self) -> Availability:
         return TORCH_NPU.probe()
+
+
+class SglKernelNpuBackend(Backend):
+    """The same vendor (``ascend``) for the operators of ``sgl_kernel_npu``: torch_npu's probe
+    first (its reason is the one a machine without an NPU shows), then the module's import."""
+
+    @property
+    def name(self) -> str:
+        return "ascend"
+
+    def is_available(self) -> Availability:
+        npu = TORCH_NPU.probe()
+        return SGL_KERNEL_NPU_GATING.probe() if npu else npu

@@ -6,10 +6,11 @@ from typing import Any
 
 from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
-from .backend import AscendBackend
+from .backend import AscendBackend, SglKernelNpuBackend
 from .impl import collectives
 from .impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from .impl.attention import decode_attention, extend_attention, store_kv_cache
+from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
@@ -25,7 +26,7 @@ NO_KERNEL = {
 
 @hookimpl
 def sglang_fl_register_ops(registry: OpRegistry) -> None:
-    """Register the torch_npu adapters themselves; availability is probed on first use."""
+    """Register the adapters themselves; availability is probed on first use."""
     for op_name, reason in NO_KERNEL.items():
         registry.declare_no_kernel(op_name, reason)
     registry.register_many(
@@ -49,6 +50,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             }
         )
     )
+    # sgl_kernel_npu's GDN operators: the same vendor, probed after torch_npu.
+    registry.register_many(SglKernelNpuBackend().implementations(LINEAR_ATTENTION))
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""The NVIDIA backend: ``sgl_kernel`` on a CUDA device, probed lazily and once per process."""
+"""The NVIDIA backends: ``sgl_kernel`` and SGLang's own Triton kernels on a CUDA device, each
+probed lazily and once per process."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import torch
 
 from sglang_fl.types import Availability, Backend, ChipSdk
 
-__all__ = ["FLASH_ATTN", "SGL_KERNEL", "CudaBackend", "NcclBackend"]
+__all__ = [
+    "FLASH_ATTN",
+    "SGLANG_TRITON",
+    "SGL_KERNEL",
+    "CudaBackend",
+    "NcclBackend",
+    "SglangTritonBackend",
+]
 
 
 def _no_cuda_hint() -> str:
@@ -50,6 +58,25 @@ FLASH_ATTN = ChipSdk(
     count_devices=torch.cuda.device_count,
     devices_need_sdk=False,
     requires=("flash_attn_with_kvcache", "is_fa3_supported"),
+    no_device_hint=_no_cuda_hint,
+)
+
+
+# SGLang's Triton GDN kernels (sglang_fl_cuda.sglang_triton imports Triton and SGLang's kernel
+# modules): counted first too, so a machine without a GPU never imports Triton through here.
+SGLANG_TRITON = ChipSdk(
+    "sglang_fl_cuda.sglang_triton",
+    device="CUDA device",
+    count_devices=torch.cuda.device_count,
+    devices_need_sdk=False,
+    requires=(
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule_packed_decode",
+        "fused_sigmoid_gating_delta_rule_update",
+        "fused_gdn_gating",
+        "layer_norm_gated_fwd",
+    ),
     no_device_hint=_no_cuda_hint,
 )
 
@@ -96,3 +123,15 @@ class NcclBackend(Backend):
             return _nccl_availability()
         except Exception as exc:  # a driver error while asking: a reason, never a raise
             return Availability(False, f"probing NCCL failed: {type(exc).__name__}: {exc}")
+
+
+class SglangTritonBackend(Backend):
+    """The same vendor (``cuda``), available when a CUDA device is visible and SGLang's Triton
+    GDN kernels import: independent of ``sgl_kernel``, which has none of them."""
+
+    @property
+    def name(self) -> str:
+        return "cuda"
+
+    def is_available(self) -> Availability:
+        return SGLANG_TRITON.probe()

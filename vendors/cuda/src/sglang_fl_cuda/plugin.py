@@ -6,11 +6,12 @@ from typing import Any
 
 from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
-from .backend import CudaBackend, NcclBackend
+from .backend import CudaBackend, NcclBackend, SglangTritonBackend
 from .impl import collectives
 from .impl.activation import gelu_and_mul, silu_and_mul
 from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from .impl.attention import decode_attention, extend_attention
+from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
@@ -32,7 +33,7 @@ NO_KERNEL = {
 
 @hookimpl
 def sglang_fl_register_ops(registry: OpRegistry) -> None:
-    """Register the sgl_kernel adapters themselves; availability is probed on first use."""
+    """Register the adapters themselves; availability is probed on first use."""
     for op_name, reason in NO_KERNEL.items():
         registry.declare_no_kernel(op_name, reason)
     registry.register_many(
@@ -50,6 +51,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             }
         )
     )
+    # SGLang's own Triton GDN kernels: the same vendor, probed on their own (no sgl_kernel).
+    registry.register_many(SglangTritonBackend().implementations(LINEAR_ATTENTION))
     registry.register_many(NcclBackend().implementations(collectives.COLLECTIVES))
 
 
