@@ -12,6 +12,7 @@ import sglang_fl.dispatch.registry
 import sglang_fl.dispatch.types
 import sglang_fl.errors
 import sglang_fl.hookspecs
+import sglang_fl.ops.attention.sglang_backend
 import sglang_fl.ops.collectives.group
 from sglang_fl import types
 
@@ -25,6 +26,7 @@ DEFINED_IN = {
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
     "Provenance": sglang_fl.dispatch.types,
+    "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,
 }
