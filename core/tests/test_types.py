@@ -13,6 +13,7 @@ import sglang_fl.dispatch.registry
 import sglang_fl.dispatch.types
 import sglang_fl.errors
 import sglang_fl.hookspecs
+import sglang_fl.ops.attention.sglang_backend
 import sglang_fl.ops.collectives.group
 from sglang_fl import types
 
@@ -27,6 +28,7 @@ DEFINED_IN = {
     "OpRegistry": sglang_fl.dispatch.registry,
     "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
+    "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,
 }

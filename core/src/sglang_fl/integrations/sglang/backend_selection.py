@@ -218,7 +218,7 @@ def build_backend(
         _emit(report, _reference(build_kernel_backend), backend, reason, [], fields)
         return backend
     decision = resolution.decision
-    chain = list(resolution.chain) or [decision.chosen]
+    chain = list(resolution.chain)
     reason = next(c.reason for c in decision.candidates if c.outcome is CandidateOutcome.CHOSEN)
     failed: list[str] = []
     for index, impl in enumerate(chain):
