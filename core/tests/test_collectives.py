@@ -17,6 +17,7 @@ from sglang_fl.testing.collectives import collective_ops, run_collective_checks
 
 COLLECTIVES = (
     "all_reduce",
+    "quant_all_reduce",
     "all_gather",
     "all_gather_into_tensor",
     "all_gatherv",

@@ -39,6 +39,7 @@ def test_standard_ops_are_the_design_set():
         "rms_norm_gated",
         "track_mamba_states",
         "all_reduce",
+        "quant_all_reduce",
         "all_gather",
         "all_gather_into_tensor",
         "all_gatherv",

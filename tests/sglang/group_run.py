@@ -49,6 +49,7 @@ def main(rank: int, world_size: int, store: str) -> int:
         results[op] = "ok" if ok else f"got {got.tolist()}, want {want.tolist()}"
 
     check("all_reduce", group.all_reduce(xs[me].clone()), sum(xs))
+    check("quant_all_reduce", group.quant_all_reduce(xs[me].clone()), sum(xs))
     check("all_gather", group.all_gather(xs[me].clone(), dim=-1), torch.cat(xs, dim=-1))
     out = torch.empty(3 * n, 4)
     group.all_gather_into_tensor(out, xs[me].clone())

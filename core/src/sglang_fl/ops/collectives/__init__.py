@@ -14,12 +14,19 @@ from .broadcast import BROADCAST
 from .gather import ALL_GATHER, ALL_GATHER_INTO_TENSOR, ALL_GATHERV, GATHER
 from .group import CollectiveGroup
 from .p2p import RECV, SEND
-from .reduce import ALL_REDUCE, REDUCE_SCATTER, REDUCE_SCATTER_TENSOR, REDUCE_SCATTERV
+from .reduce import (
+    ALL_REDUCE,
+    QUANT_ALL_REDUCE,
+    REDUCE_SCATTER,
+    REDUCE_SCATTER_TENSOR,
+    REDUCE_SCATTERV,
+)
 
 __all__ = ["COLLECTIVES", "CollectiveGroup"]
 
 COLLECTIVES = (
     ALL_REDUCE,
+    QUANT_ALL_REDUCE,
     ALL_GATHER,
     ALL_GATHER_INTO_TENSOR,
     ALL_GATHERV,

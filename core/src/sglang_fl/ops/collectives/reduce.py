@@ -72,6 +72,42 @@ ALL_REDUCE = OpContract(
 )
 
 
+# -- quant_all_reduce -----------------------------------------------------------------------------
+
+
+def _quant_all_reduce_signature(group: CollectiveGroup, input_: torch.Tensor) -> torch.Tensor:
+    """``all_reduce`` that may move the inputs quantised: ``GroupCoordinator.quant_all_reduce``
+    (``--enable-quant-communications``; on NPU an int8 per-token all-gather, dequantised and
+    summed in the input dtype). ``input_`` ``[rows, hidden]``; the result is within
+    ``QUANTIZED`` of the exact sum; may work in place (use the returned tensor)."""
+    raise NotImplementedError
+
+
+def quant_all_reduce_reference(group: CollectiveGroup, input_: torch.Tensor) -> torch.Tensor:
+    """SGLang's path without torch_npu: the exact in-place ``all_reduce``."""
+    dist.all_reduce(input_, group=group.device_group)
+    return input_
+
+
+QUANT_ALL_REDUCE = OpContract(
+    name="quant_all_reduce",
+    sglang_layer="GroupCoordinator.quant_all_reduce",
+    summary="sum over the group's ranks that may move int8 per-token quantised inputs",
+    signature=inspect.signature(_quant_all_reduce_signature),
+    reference=quant_all_reduce_reference,
+    dtypes=c.DTYPES,
+    tolerances=c.QUANTIZED,
+    cases=_CASES,
+    make_inputs=c.inputs_of(_all_reduce_inputs),
+    collective=Collective(
+        c.WORLD_SIZES,
+        _all_reduce_inputs,
+        _all_reduce_expected,
+        c.call_own_op("quant_all_reduce"),
+    ),
+)
+
+
 # -- reduce_scatter_tensor ------------------------------------------------------------------------
 
 
