@@ -9,7 +9,8 @@ implementation.
 - ``decline_vendor_site``: ``decode_attention`` declines every call.
 - ``gdn_decline_vendor_site``: ``chunk_gated_delta_rule`` declines per call, by shape: a
   prefill of more than ``GDN_TILE_TOKENS`` tokens; shorter ones it serves (with the reference's
-  math: a probe has no kernel of its own).
+  math: a probe has no kernel of its own), appending each served call's token count to the file
+  ``GDN_SERVED_LOG_ENV`` names, so a test sees that it served too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "DECLINE_REASON",
     "GDN_DECLINE_IMPL_ID",
     "GDN_DECLINE_REASON",
+    "GDN_SERVED_LOG_ENV",
     "GDN_TILE_TOKENS",
     "decline_vendor_site",
     "gdn_decline_vendor_site",
@@ -54,9 +56,12 @@ def sglang_fl_register_ops(registry):
 GDN_DECLINE_IMPL_ID = "vendor.gdndecline.chunk_gated_delta_rule"
 GDN_TILE_TOKENS = 32
 GDN_DECLINE_REASON = f"gdndecline: a prefill call of more than {GDN_TILE_TOKENS} tokens"
+GDN_SERVED_LOG_ENV = "GDN_DECLINE_SERVED_LOG"
 
 GDN_VENDOR_MODULE = f'''
 """A vendor whose chunk_gated_delta_rule serves short prefills and declines longer ones."""
+import os
+
 from sglang_fl import Unsupported, hookimpl
 from sglang_fl.dispatch.types import BackendImplKind, BackendPriority, OpImpl
 from sglang_fl.ops import get_contract
@@ -67,7 +72,12 @@ _REFERENCE = get_contract("chunk_gated_delta_rule").reference
 def chunk_gated_delta_rule(obj, q, k, *args, **kwargs):
     if k.shape[1] > {GDN_TILE_TOKENS}:  # checked before anything is computed or written
         raise Unsupported({GDN_DECLINE_REASON!r})
-    return _REFERENCE(obj, q, k, *args, **kwargs)
+    result = _REFERENCE(obj, q, k, *args, **kwargs)
+    served = os.environ.get({GDN_SERVED_LOG_ENV!r})
+    if served:
+        with open(served, "a") as f:
+            f.write(f"{{k.shape[1]}}\\n")
+    return result
 
 
 @hookimpl

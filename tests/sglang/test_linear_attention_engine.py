@@ -31,6 +31,7 @@ import torch
 from decline_vendor import (
     GDN_DECLINE_IMPL_ID,
     GDN_DECLINE_REASON,
+    GDN_SERVED_LOG_ENV,
     GDN_TILE_TOKENS,
     gdn_decline_vendor_site,
 )
@@ -77,9 +78,15 @@ def declined(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     import os
 
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return _engine(
-        model, root / "dispatch.jsonl", SGLANG_MAMBA_CONV_DTYPE="float32", PYTHONPATH=path
-    )
+    served = root / "served.txt"
+    env = {
+        "SGLANG_MAMBA_CONV_DTYPE": "float32",
+        "PYTHONPATH": path,
+        GDN_SERVED_LOG_ENV: str(served),
+    }
+    result = _engine(model, root / "dispatch.jsonl", **env)
+    result["served"] = [int(n) for n in served.read_text().split()] if served.exists() else []
+    return result
 
 
 def _scheduler_functions(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -100,9 +107,12 @@ def test_a_declining_gdn_kernel_hands_its_calls_to_the_reference(
     assert {(r["declined_by"], r["served_by"], r["reason"]) for r in declines} == {
         (GDN_DECLINE_IMPL_ID, f"reference.{OP}", GDN_DECLINE_REASON)
     }
-    # The long prompt's 64-token chunks are what it declines; the short prompts it serves.
     assert len(declines) == len({r["pid"] for r in declines})  # the first per process only
+    # Per call, by shape: the long prompt's 64-token chunks are declined, the short prompts
+    # (and the cached-prefix requests' short tails) are served by the vendor itself.
     assert CHUNKED_PREFILL > GDN_TILE_TOKENS
+    assert declined["served"], "the vendor served no call"
+    assert all(0 < n <= GDN_TILE_TOKENS for n in declined["served"]), declined["served"]
     for prompt, got, expected in zip(PROMPTS, declined["output_ids"], want, strict=True):
         assert got == expected, f"prompt {prompt[-30:]!r}: sglang {got} != transformers {expected}"
 
