@@ -27,7 +27,8 @@ from .ops.collectives.group import CollectiveGroup
 
 __all__ = ["ProcessGroupLibrary"]
 
-# The standard collective ops a process-group library can serve (all of them).
+# The standard collective ops a process-group library serves: each is one torch.distributed call
+# on the device group. Not ``quant_all_reduce``: its point is the chip's own quantisation kernel.
 OPS: tuple[str, ...] = (
     "all_reduce",
     "all_gather",
@@ -35,7 +36,9 @@ OPS: tuple[str, ...] = (
     "all_gatherv",
     "reduce_scatter_tensor",
     "reduce_scatterv",
+    "reduce_scatter",
     "broadcast",
+    "gather",
     "send",
     "recv",
     "all_to_all_single",
@@ -126,7 +129,7 @@ def _single(dist: Any, name: str, fallback: str) -> Callable[..., Any]:
 
 
 def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
-    """The ten adapters of one library: checks first, then one call on the device group."""
+    """The adapters of one library: checks first, then one call on the device group."""
 
     def all_reduce(group: CollectiveGroup, input_: torch.Tensor) -> torch.Tensor:
         lib.check_tensors("all_reduce", group, input_)
@@ -206,6 +209,18 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
         reduce_scatter_tensor(group, out, input_)
         return out
 
+    def reduce_scatter(
+        group: CollectiveGroup, output: torch.Tensor, input_list: list[torch.Tensor]
+    ) -> torch.Tensor:
+        if len(input_list) != group.world_size:
+            raise ValueError(
+                f"reduce_scatter: input_list has {len(input_list)} tensors, the group has "
+                f"{group.world_size} ranks (one each)"
+            )
+        lib.check_tensors("reduce_scatter", group, output, *input_list)
+        lib.functions().reduce_scatter(output, list(input_list), group=group.device_group)
+        return output
+
     def broadcast(group: CollectiveGroup, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
         if not 0 <= src < group.world_size:
             raise ValueError(
@@ -214,6 +229,19 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
         lib.check_tensors("broadcast", group, input_)
         lib.functions().broadcast(input_, src=group.ranks[src], group=group.device_group)
         return input_
+
+    def gather(
+        group: CollectiveGroup, input_: torch.Tensor, dst: int = 0, dim: int = -1
+    ) -> torch.Tensor | None:
+        n = group.world_size
+        if not 0 <= dst < n:
+            raise ValueError(f"gather: dst={dst} is not a rank of the {n}-rank group")
+        if not -input_.dim() <= dim < input_.dim():
+            raise ValueError(f"gather: dim={dim} is out of range for shape {tuple(input_.shape)}")
+        lib.check_tensors("gather", group, input_)
+        parts = [torch.empty_like(input_) for _ in range(n)] if group.rank_in_group == dst else None
+        lib.functions().gather(input_, parts, dst=group.ranks[dst], group=group.device_group)
+        return torch.cat(parts, dim=dim) if parts is not None else None
 
     def send(group: CollectiveGroup, tensor: torch.Tensor, dst: int | None = None) -> None:
         lib.check_tensors("send", group, tensor)
@@ -242,7 +270,9 @@ def _adapters(lib: ProcessGroupLibrary) -> dict[str, Callable[..., Any]]:
         "all_gatherv": all_gatherv,
         "reduce_scatter_tensor": reduce_scatter_tensor,
         "reduce_scatterv": reduce_scatterv,
+        "reduce_scatter": reduce_scatter,
         "broadcast": broadcast,
+        "gather": gather,
         "send": send,
         "recv": recv,
         "all_to_all_single": all_to_all_single,

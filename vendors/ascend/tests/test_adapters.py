@@ -20,6 +20,7 @@ from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.activation import gelu_and_mul, gelu_new, gelu_quick, silu_and_mul
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
 from sglang_fl_ascend.impl.collectives import COLLECTIVES
+from sglang_fl_ascend.impl.collectives import LEFT_TO_SGLANG as COLLECTIVES_LEFT_TO_SGLANG
 from sglang_fl_ascend.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
@@ -50,6 +51,8 @@ CASES = [
 WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
 # The GDN family: no torch_npu operator (sgl_kernel_npu serves fused_gdn_gating only).
 WITHOUT_OPERATOR |= set(LINEAR_ATTENTION_NO_KERNEL)
+# SGLang's quantised all-reduce is a torch_npu kernel plus HCCL: its own path stays.
+WITHOUT_OPERATOR |= set(COLLECTIVES_LEFT_TO_SGLANG)
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).

@@ -27,10 +27,10 @@ KIT_TIMEOUT = 240.0
 SERVED_BY_CUDA = {op: "vendor.cuda" for op in SERVED}
 
 
-def test_serves_broadcast_send_recv_and_leaves_the_rest_to_sglang() -> None:
+def test_serves_the_single_call_collectives_and_leaves_the_rest_to_sglang() -> None:
     collectives = {contract.name for contract in COLLECTIVES}
     registered = {op for op in SUITE.ops if op in collectives}
-    assert registered == {"broadcast", "send", "recv"}
+    assert registered == {"broadcast", "send", "recv", "gather", "reduce_scatter"}
     assert set(LEFT_TO_SGLANG) == collectives - registered
     for op, reason in LEFT_TO_SGLANG.items():
         (gap,) = SUITE.registry.no_kernel(op)

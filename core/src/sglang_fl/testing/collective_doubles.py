@@ -46,6 +46,19 @@ class ProcessGroupDouble(SdkDouble):
     GATHER_SIZE: ClassVar[Constraint]
     SCATTER_SIZE: ClassVar[Constraint]
     ALL_TO_ALL_SIZE: ClassVar[Constraint]
+    # The list forms' shapes are checked by torch.distributed itself, before any backend.
+    GATHER_LIST: ClassVar[Constraint] = Constraint(
+        "gather",
+        "a gather_list of one tensor per rank, each shaped like the input, on the dst rank only",
+        "torch/distributed/distributed_c10d.py, gather: _validate_output_list_for_rank; the "
+        "backends' gather (ProcessGroupNCCL.cpp, ProcessGroupHCCL.cpp) check each output's size",
+    )
+    SCATTER_LIST: ClassVar[Constraint] = Constraint(
+        "reduce_scatter",
+        "an input_list of one tensor per rank, each shaped like the output",
+        "torch/distributed/distributed_c10d.py, reduce_scatter (input_list of world size); the "
+        "backends' reduce_scatter (ProcessGroupNCCL.cpp, ProcessGroupHCCL.cpp) check the sizes",
+    )
 
     def __init__(self, device: torch.device | None = None) -> None:
         super().__init__("torch.distributed")
@@ -104,6 +117,44 @@ class ProcessGroupDouble(SdkDouble):
     # torch 2.14's names for the two (torch.distributed keeps both; the adapters prefer these).
     all_gather_single = all_gather_into_tensor
     reduce_scatter_single = reduce_scatter_tensor
+
+    def reduce_scatter(
+        self, output: torch.Tensor, input_list: list[torch.Tensor], group: Any = None
+    ) -> None:
+        self.record("reduce_scatter", output, input_list, group=group)
+        for input in input_list:
+            self._pair(output, input)
+        n = self._gloo().get_world_size(group)
+        self.SCATTER_LIST.check(
+            len(input_list) == n and all(t.shape == output.shape for t in input_list),
+            f"{[tuple(t.shape) for t in input_list]} for {n} ranks of {tuple(output.shape)}",
+        )
+        self._gloo().reduce_scatter(output, input_list, group=group)
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None = None,
+        dst: int = 0,
+        group: Any = None,
+    ) -> None:
+        self.record("gather", tensor, gather_list, dst=dst, group=group)
+        self._check(tensor)
+        dist = self._gloo()
+        if gather_list is not None:
+            for part in gather_list:
+                self._pair(part, tensor)
+        mine = dist.get_rank() == dst  # dst is a global rank, as torch.distributed.gather takes
+        self.GATHER_LIST.check(
+            (gather_list is not None) == mine, f"gather_list {gather_list is not None} on dst {dst}"
+        )
+        if gather_list is not None:
+            n = dist.get_world_size(group)
+            self.GATHER_LIST.check(
+                len(gather_list) == n and all(t.shape == tensor.shape for t in gather_list),
+                f"{[tuple(t.shape) for t in gather_list]} for {n} ranks of {tuple(tensor.shape)}",
+            )
+        dist.gather(tensor, gather_list, dst=dst, group=group)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
         self.record("broadcast", tensor, src=src, group=group)
@@ -175,7 +226,9 @@ def process_group_double_tests(
         within(
             lambda d: d.reduce_scatter_tensor(z(4, dtype=torch.float16), z(4, dtype=torch.float16))
         ),
+        within(lambda d: d.reduce_scatter(z(2, 3), [z(2, 3)])),
         within(lambda d: d.broadcast(z(3), 0)),
+        within(lambda d: d.gather(z(3), [z(3)], 0)),
         within(lambda d: d.all_to_all_single(z(6), z(6))),
     ]
     rejected: dict[Constraint, Callable[[PgDoubleT], object]] = {
@@ -186,5 +239,7 @@ def process_group_double_tests(
         cls.GATHER_SIZE: within(lambda d: d.all_gather_into_tensor(z(3), z(2))),
         cls.SCATTER_SIZE: within(lambda d: d.reduce_scatter_tensor(z(2), z(3))),
         cls.ALL_TO_ALL_SIZE: within(lambda d: d.all_to_all_single(z(2), z(3))),
+        cls.GATHER_LIST: within(lambda d: d.gather(z(3), [z(3), z(3)], 0)),
+        cls.SCATTER_LIST: within(lambda d: d.reduce_scatter(z(2), [z(2), z(2)])),
     }
     return constraint_tests(make_double, valid, rejected)

@@ -21,6 +21,7 @@ NO_KERNEL = {
     "clamp_position": "torch_npu has no clamp_position operator (torch.clamp runs on the NPU)",
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
     **LINEAR_ATTENTION_NO_KERNEL,
+    **collectives.LEFT_TO_SGLANG,
 }
 
 

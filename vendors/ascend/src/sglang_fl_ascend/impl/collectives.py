@@ -2,14 +2,16 @@
 
 On an NPU, SGLang 0.5.23's ``GroupCoordinator`` has no communicator of its own (pynccl, the
 custom all-reduce and symmetric memory are CUDA-only; ``srt/distributed/parallel_state.py``):
-every collective is one ``torch.distributed`` call on the ``hccl`` device group, which
-``import torch_npu`` registers (``ProcessGroupHCCL``). This wheel serves all ten collectives
-that way, so the kit checks them and ``sglang-fl ops`` names HCCL. vllm-ascend drives HCCL the
-same way: its ``NPUCommunicator`` (``vllm_ascend/distributed/device_communicators/
-npu_communicator.py``) keeps vLLM's base-class collectives, ``torch.distributed`` calls on the
-device group, adding only its own all-to-all. Uneven
-gathers and scatters are declined (the reference pads and serves them): SGLang has them on
-pynccl only, and torch.distributed's tensor collectives take one count for every rank.
+every collective is one ``torch.distributed`` call on the ``hccl`` device group, which ``import
+torch_npu`` registers (``ProcessGroupHCCL``). This wheel serves every collective but
+``quant_all_reduce`` that way (``ProcessGroupHCCL`` implements ``gather`` and the list
+``reduce_scatter`` too: Ascend op-plugin, ``docs/context/c10d_npu-ProcessGroupHCCL.md``), so the
+kit checks them and ``sglang-fl ops`` names HCCL. vllm-ascend drives HCCL the same way: its
+``NPUCommunicator`` (``vllm_ascend/distributed/device_communicators/npu_communicator.py``)
+keeps vLLM's base-class collectives, ``torch.distributed`` calls on the device group, adding
+only its own all-to-all. Uneven gathers and scatters are declined (the reference pads and serves
+them): SGLang has them on pynccl only, and torch.distributed's tensor collectives take one count
+for every rank.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ HCCL = ProcessGroupLibrary(
 )
 
 COLLECTIVES = HCCL.implementations()
+# SGLang's NPU quant_all_reduce all-gathers int8 from torch_npu.npu_dynamic_quant and sums in
+# the input dtype (GroupCoordinator.quant_all_reduce): a kernel, not one HCCL call; it stays.
+LEFT_TO_SGLANG = {
+    "quant_all_reduce": "SGLang's own NPU path stays: torch_npu.npu_dynamic_quant, an int8 "
+    "all-gather on HCCL, dequantised and summed (GroupCoordinator.quant_all_reduce)",
+}
 
 
 def communicator(group: CollectiveGroup) -> Any:

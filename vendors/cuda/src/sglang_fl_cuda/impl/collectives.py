@@ -8,7 +8,8 @@ FlashInfer's fused all-reduce. They are per-coordinator state a wheel cannot rea
 :class:`~sglang_fl.types.CollectiveGroup`, and they beat one ``torch.distributed`` call. So this
 wheel registers NCCL adapters only for the collectives whose CUDA path in SGLang is that one
 call on the device group (``broadcast``, ``send``, ``recv``: pynccl only inside graph capture,
-where pipeline and speculative state are not moved), and declares the others left to SGLang:
+where pipeline and speculative state are not moved; ``gather`` and the list ``reduce_scatter``:
+always that call), and declares the others left to SGLang:
 with only the reference registered, sglang-fl keeps SGLang's own method on a CUDA group.
 """
 
@@ -62,9 +63,11 @@ LEFT_TO_SGLANG = {
     "reduce_scatterv": f"{_OWN} stays: pynccl's grouped reduces (GroupCoordinator.reduce_scatterv)",
     "all_to_all_single": f"{_OWN} stays: the registered reg_all_to_all_single custom op "
     "(symmetric-memory buffers) (GroupCoordinator.all_to_all_single)",
+    "quant_all_reduce": f"{_OWN} stays: without torch_npu it is SGLang's in-place all-reduce "
+    "custom op, with the all-reduce paths above (GroupCoordinator.quant_all_reduce)",
 }
 
-SERVED = ("broadcast", "send", "recv")
+SERVED = ("broadcast", "send", "recv", "gather", "reduce_scatter")
 COLLECTIVES = NCCL.implementations(SERVED)
 
 

@@ -42,6 +42,12 @@ def all_gatherv(
     raise Unsupported("template: all_gatherv is not implemented")
 
 
+def quant_all_reduce(group: CollectiveGroup, input_: torch.Tensor) -> torch.Tensor:
+    # all_reduce that may move the inputs quantised (--enable-quant-communications): e.g. an
+    # int8 per-token all-gather, dequantised and summed; within the contract's tolerance.
+    raise Unsupported("template: quant_all_reduce is not implemented")
+
+
 def reduce_scatter_tensor(
     group: CollectiveGroup, output: torch.Tensor, input: torch.Tensor
 ) -> None:
@@ -60,9 +66,23 @@ def reduce_scatterv(
     raise Unsupported("template: reduce_scatterv is not implemented")
 
 
+def reduce_scatter(
+    group: CollectiveGroup, output: torch.Tensor, input_list: list[torch.Tensor]
+) -> torch.Tensor:
+    # Rank r's output gets the sum over the group of each rank's input_list[r]; returns output.
+    raise Unsupported("template: reduce_scatter is not implemented")
+
+
 def broadcast(group: CollectiveGroup, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
     # Rank src's values into every rank's input_, in place (src is a rank in the group).
     raise Unsupported("template: broadcast is not implemented")
+
+
+def gather(
+    group: CollectiveGroup, input_: torch.Tensor, dst: int = 0, dim: int = -1
+) -> torch.Tensor | None:
+    # Rank dst gets the ranks' input_ concatenated along dim, in group order; the others None.
+    raise Unsupported("template: gather is not implemented")
 
 
 def send(group: CollectiveGroup, tensor: torch.Tensor, dst: int | None = None) -> None:
