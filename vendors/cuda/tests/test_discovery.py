@@ -123,7 +123,9 @@ def test_device_and_sdk_route_every_op_to_the_kernels() -> None:
         + """
 from sgl_kernel_double import SglKernelDouble
 from sglang_triton_double import SglangTritonGdnDouble
+from flash_attn_double import FlashAttnDouble
 double = sys.modules["sgl_kernel"] = SglKernelDouble()
+sys.modules["sgl_kernel.flash_attn"] = FlashAttnDouble()
 import torch.distributed  # and a torch built with NCCL 2.27.3, for the collectives' probe
 torch.distributed.is_nccl_available = lambda: True
 torch.cuda.nccl.version = lambda: (2, 27, 3)
@@ -137,15 +139,17 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
-    # Three probes besides sgl_kernel's: NCCL for the collectives, SGLang's Triton kernels for
-    # the GDN family.
+    # Three probes besides sgl_kernel's: FlashAttention-3 for attention, NCCL for the
+    # collectives, SGLang's Triton kernels for the GDN family.
     triton = "sglang_fl_cuda.sglang_triton 0.0.0+double imported; 1 CUDA device"
+    fa3 = "sgl_kernel.flash_attn 0.0.0+double imported; 1 CUDA device"
     SUITE.assert_routed(
         found["decisions"],
         "sgl_kernel 0.0.0+double imported; 1 CUDA device",
         reasons={
             **dict.fromkeys(SERVED, "NCCL 2.27.3 through torch.distributed; 1 CUDA device"),
             **dict.fromkeys(LINEAR_ATTENTION, triton),
+            **dict.fromkeys(("decode_attention", "extend_attention"), fa3),
         },
     )
     assert found["calls"] == ["silu_and_mul"]

@@ -14,6 +14,7 @@ __all__ = [
     "SGLANG_TRITON",
     "SGL_KERNEL",
     "CudaBackend",
+    "FlashAttnBackend",
     "NcclBackend",
     "SglangTritonBackend",
 ]
@@ -123,6 +124,19 @@ class NcclBackend(Backend):
             return _nccl_availability()
         except Exception as exc:  # a driver error while asking: a reason, never a raise
             return Availability(False, f"probing NCCL failed: {type(exc).__name__}: {exc}")
+
+
+class FlashAttnBackend(Backend):
+    """The same vendor (``cuda``) for the attention adapters: available when a CUDA device is
+    visible and ``sgl_kernel.flash_attn`` (FlashAttention-3) imports, which a wheel built
+    without FA3 lacks while its other kernels work."""
+
+    @property
+    def name(self) -> str:
+        return "cuda"
+
+    def is_available(self) -> Availability:
+        return FLASH_ATTN.probe()
 
 
 class SglangTritonBackend(Backend):

@@ -6,7 +6,7 @@ from typing import Any
 
 from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
-from .backend import CudaBackend, NcclBackend, SglangTritonBackend
+from .backend import CudaBackend, FlashAttnBackend, NcclBackend, SglangTritonBackend
 from .impl import collectives
 from .impl.activation import gelu_and_mul, silu_and_mul
 from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
@@ -46,9 +46,13 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "gemma_rms_norm": gemma_rms_norm,
                 "topk": topk,
                 "fused_moe": fused_moe,
-                "decode_attention": decode_attention,
-                "extend_attention": extend_attention,
             }
+        )
+    )
+    # FlashAttention-3 (sgl_kernel.flash_attn): the same vendor, probed on its own.
+    registry.register_many(
+        FlashAttnBackend().implementations(
+            {"decode_attention": decode_attention, "extend_attention": extend_attention}
         )
     )
     # SGLang's own Triton GDN kernels: the same vendor, probed on their own (no sgl_kernel).
