@@ -192,8 +192,11 @@ def test_the_cli_lists_and_explains_the_selection(acme, capsys):
     assert report["sglang_layer"] == "--attention-backend sglang_fl"
     assert {c["impl_id"] for c in report["candidates"]} == {VENDOR_ID, REFERENCE_IMPL_ID}
     cli.main(["ops", "--json"])
-    ops = json.loads(capsys.readouterr().out)["ops"]
-    assert [o["chosen"] for o in ops if o["op"] == SGLANG_ATTENTION_BACKEND] == [VENDOR_ID]
+    listed = json.loads(capsys.readouterr().out)
+    assert SGLANG_ATTENTION_BACKEND not in {o["op"] for o in listed["ops"]}
+    assert [(s["op"], s["chosen"]) for s in listed["selections"]] == [
+        (SGLANG_ATTENTION_BACKEND, VENDOR_ID)
+    ]
 
 
 def test_the_offer_is_frozen_and_per_op_accepts_the_selection(monkeypatch):

@@ -175,9 +175,10 @@ def test_ops_json(capsys, plugin_site, only):
     code, data = run_json(capsys, "ops")
     assert code == 0
     assert data["schema_version"] == 1
-    # The ops, then the selections (their candidates are not registered kernels).
-    assert [op["op"] for op in data["ops"]] == [*OPS, "sglang_attention_backend"]
-    backend = data["ops"].pop()
+    # The ops; the selections apart (their candidates are not registered kernels).
+    assert [op["op"] for op in data["ops"]] == list(OPS)
+    assert [s["op"] for s in data["selections"]] == ["sglang_attention_backend"]
+    (backend,) = data["selections"]
     assert backend["chosen"] == "reference.sglang_fl_attention"
     assert backend["signature"] == "factory(model_runner) -> sglang AttentionBackend"
     for op in data["ops"]:

@@ -241,7 +241,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     runtime = _runtime()
-    reports = [_op_report(runtime, op) for op in (*STANDARD_OPS, *SELECTIONS)]
+    ops = [_op_report(runtime, op) for op in STANDARD_OPS]
+    selections = [_op_report(runtime, name) for name in SELECTIONS]
+    reports = [*ops, *selections]
 
     def text() -> str:
         rows: list[tuple[object, ...]] = []
@@ -279,7 +281,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
         )
         return format_table(rows, header) + "\n(* = chosen; `sglang-fl explain OP` for the trace)"
 
-    payload: OpsPayload = {"schema_version": SCHEMA_VERSION, "ops": reports}
+    payload: OpsPayload = {"schema_version": SCHEMA_VERSION, "ops": ops, "selections": selections}
     _emit(args, payload, text)
     return 0 if all(r["error"] is None for r in reports) else 1
 

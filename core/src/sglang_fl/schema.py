@@ -185,8 +185,12 @@ class PluginsPayload(TypedDict):
 
 
 class OpsPayload(TypedDict):
+    """``ops``: one report per standard op; ``selections``: one per choice among whole
+    implementations that is not an op (``sglang_attention_backend``), in the same form."""
+
     schema_version: int
     ops: list[OpReport]
+    selections: list[OpReport]
 
 
 class ExplainPayload(OpReport):
