@@ -266,6 +266,41 @@ def test_split_matches_sglangs_torch_reshuffle():
     assert torch.equal(a, aa.reshape(t, hv))
 
 
+def test_contiguous_split_matches_transformers_qwen3_5_projections():
+    """Qwen3.5's split recovers what transformers' ``Qwen3_5GatedDeltaNet`` projects
+    separately (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``), which SGLang
+    concatenates into ``[q | k | v | z]`` and ``[b | a]``."""
+    gen = torch.Generator().manual_seed(9)
+    h, hv, dk, dv, t = 2, 4, 8, 4, 6
+    qkv = torch.randn(t, 2 * h * dk + hv * dv, generator=gen)
+    zz = torch.randn(t, hv * dv, generator=gen)
+    bb, aa = torch.randn(t, hv, generator=gen), torch.randn(t, hv, generator=gen)
+    wide = torch.cat((qkv, zz, torch.zeros(t, 3)), dim=-1)[:, : qkv.shape[1] + zz.shape[1]]
+    fn = ref("fused_qkvzba_split_reshape_cat_contiguous")
+    mixed, z, b, a = fn(None, wide, torch.cat((bb, aa), dim=-1), h, hv, dk, dv)
+    assert torch.equal(mixed, qkv)
+    assert torch.equal(z, zz.reshape(t, hv, dv))
+    assert torch.equal(b, bb)
+    assert torch.equal(a, aa)
+    with pytest.raises(ValueError, match="multiple of num_heads_qk"):
+        fn(None, wide, torch.cat((bb, aa), dim=-1), 3, hv, dk, dv)
+
+
+def test_sigmoid_mul_matches_transformers_qwen3_5_attention_gate():
+    """``Qwen3_5Attention``: ``attn_output * torch.sigmoid(gate)``, gate from the per-head
+    ``[q | gate]`` chunk reshaped to ``[T, hidden]``."""
+    gen = torch.Generator().manual_seed(10)
+    q_gate = torch.randn(7, 3, 2 * 8, generator=gen)
+    _, gate = torch.chunk(q_gate, 2, dim=-1)
+    attn = torch.randn(7, 24, generator=gen)
+    want = attn * torch.sigmoid(gate.reshape(7, -1))
+    fn = ref("fused_sigmoid_mul")
+    torch.testing.assert_close(fn(None, attn, gate), want, **FP32)
+    torch.testing.assert_close(fn(None, attn, gate.reshape(7, -1)), want, **FP32)
+    with pytest.raises(ValueError, match="heads \\* head_dim"):
+        fn(None, attn[:, :16], gate)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_within_contract_tolerance_of_fp32(dtype):
     """Low-precision inputs (fp32 state) stay within the contract's tolerance of the fp32 run

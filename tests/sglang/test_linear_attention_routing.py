@@ -32,7 +32,44 @@ def sglang_original(*args: Any, **kwargs: Any) -> str:
 def test_every_gdn_op_has_a_route() -> None:
     from sglang_fl.ops.linear_attention import LINEAR_ATTENTION_OPS
 
-    assert {c.name for c in LINEAR_ATTENTION_OPS} == {r.op_name for r in GDN_ROUTES}
+    # fused_sigmoid_mul: Qwen3.5's full-attention output gate, routed with the GDN functions.
+    ops = {c.name for c in LINEAR_ATTENTION_OPS} | {"fused_sigmoid_mul"}
+    assert ops == {r.op_name for r in GDN_ROUTES}
+
+
+def test_sigmoid_mul_hook_serves_in_place_and_leaves_fp8_to_sglang() -> None:
+    """As ``models/qwen3_5.py`` calls it: ``(attn_output, gate, inplace=True)``, the gate the
+    second half of each head's ``[q | gate]``; ``quant=True`` (FP8 output) is SGLang's."""
+    hook = ROUTES["elementwise.fused_sigmoid_mul"].adapt(
+        get_contract("fused_sigmoid_mul").reference
+    )
+    gen = torch.Generator().manual_seed(3)
+    q_gate = torch.randn(5, 2, 2 * 8, generator=gen)
+    gate = q_gate[..., 8:]
+    attn = torch.randn(5, 16, generator=gen)
+    want = attn * torch.sigmoid(gate.reshape(5, 16))
+    out = hook(sglang_original, attn, gate, inplace=True)
+    assert out is attn
+    torch.testing.assert_close(attn, want)
+    fresh = torch.randn(5, 16, generator=gen)
+    kept = fresh.clone()
+    torch.testing.assert_close(
+        hook(sglang_original, fresh, gate), kept * torch.sigmoid(gate.reshape(5, 16))
+    )
+    assert torch.equal(fresh, kept)
+    assert hook(sglang_original, attn, gate, quant=True) == "sglang's own"
+
+
+def test_contiguous_split_hook_translates_sglangs_positional_call() -> None:
+    hook = ROUTES["triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat_contiguous"].adapt(
+        get_contract("fused_qkvzba_split_reshape_cat_contiguous").reference
+    )
+    qkvz, ba = torch.arange(3 * 96.0).reshape(3, 96), torch.arange(3 * 8.0).reshape(3, 8)
+    mixed, z, b, a = hook(sglang_original, qkvz, ba, 2, 4, 8, 8)
+    assert torch.equal(mixed, qkvz[:, :64])
+    assert torch.equal(z, qkvz[:, 64:].reshape(3, 4, 8))
+    assert torch.equal(b, ba[:, :4])
+    assert torch.equal(a, ba[:, 4:])
 
 
 def test_chunk_hook_returns_sglangs_triple_and_updates_the_pool() -> None:

@@ -1,8 +1,11 @@
-"""Qwen3-Next (hybrid gated-delta-rule linear attention) end to end on the CPU through sglang-fl.
+"""Qwen3-Next and Qwen3.5 (hybrid gated-delta-rule linear attention) end to end on the CPU
+through sglang-fl.
 
-Two tiny models built offline (``tiny_models``): value/key head ratio 2 (SGLang's fused
-q/k/v/z/b/a split) and ratio 3 (its torch reshuffle), float32. One engine per model, started
-once for the module (``hybrid_run.py``, a hard timeout), serving in order: two short prompts,
+Three tiny models built offline (``tiny_models``): Qwen3-Next with value/key head ratio 2
+(SGLang's fused q/k/v/z/b/a split) and ratio 3 (its torch reshuffle), and Qwen3.5 (its
+non-interleaved split and gated full attention), float32. One engine per model, started once
+per module on first use (``hybrid_run.py``, a hard timeout; ``-k`` on the model starts only
+its own), serving in order: two short prompts,
 a prompt spanning several 64-token chunks with 64-token chunked prefill, and two prompts
 sharing that long prefix (the second reuses the first's cached states through SGLang's hybrid
 radix cache). Every output must be transformers' greedy tokens; the dispatch report must show
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +28,7 @@ from sglang_fl.dispatch_report import read_log
 
 pytest.importorskip("sglang")
 
-ARCHS = ("qwen3_next", "qwen3_next_r3")
+ARCHS = ("qwen3_next", "qwen3_next_r3", "qwen3_5")
 MAX_NEW_TOKENS = 6
 CHUNKED_PREFILL = 64
 LONG = (
@@ -57,53 +61,71 @@ CALLED = {
     "fused_recurrent_gated_delta_rule_packed_decode",
     "rms_norm_gated",
     "track_mamba_states",
+    # Qwen3.5's (models/qwen3_5.py): its split and the full-attention output gate.
+    "fused_qkvzba_split_reshape_cat_contiguous",
+    "fused_sigmoid_mul",
 }
 
 
+class Runs:
+    """One engine per model, started on first use (a failed start is not retried): its
+    result, the dispatch log, transformers' tokens."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, arch: str) -> dict[str, Any]:
+        if arch not in self.done:
+            self.done[arch] = _run(self.root, arch)
+        run = self.done[arch]
+        if "error" in run:
+            pytest.fail(run["error"])
+        return run
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """One engine per model: its result, the dispatch log, transformers' tokens."""
-    root = tmp_path_factory.mktemp("qwen3-next")
-    results: dict[str, dict[str, Any]] = {}
-    for arch in ARCHS:
-        model = build_tiny_model(root / arch, arch)
-        log = root / f"{arch}.jsonl"
-        # SGLang keeps conv states in bfloat16 by default whatever the model dtype; float32
-        # here, so the comparison with transformers is like for like.
-        env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log), SGLANG_MAMBA_CONV_DTYPE="float32")
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "hybrid_run.py"), str(model), str(MAX_NEW_TOKENS),
-             str(CHUNKED_PREFILL), *PROMPTS],
-            env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            pytest.fail(f"{arch} engine failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-        results[arch] = {
-            "result": json.loads(proc.stdout.strip().splitlines()[-1]),
-            "rows": read_log(log),
-            "want": hf_greedy(model, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True),
-            "model": model,
-        }
-    return results
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("qwen3-next"))
+
+
+def _run(root: Path, arch: str) -> dict[str, Any]:
+    model = build_tiny_model(root / arch, arch)
+    log = root / f"{arch}.jsonl"
+    # SGLang keeps conv states in bfloat16 by default whatever the model dtype; float32
+    # here, so the comparison with transformers is like for like.
+    env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log), SGLANG_MAMBA_CONV_DTYPE="float32")
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "hybrid_run.py"), str(model), str(MAX_NEW_TOKENS),
+         str(CHUNKED_PREFILL), *PROMPTS],
+        env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return {"error": f"{arch} engine failed ({proc.returncode}):\n{proc.stderr[-6000:]}"}
+    return {
+        "result": json.loads(proc.stdout.strip().splitlines()[-1]),
+        "rows": read_log(log),
+        "want": hf_greedy(model, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True),
+    }
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_generates_what_transformers_generates(arch: str, runs: dict[str, Any]) -> None:
+def test_generates_what_transformers_generates(arch: str, runs: Runs) -> None:
     run = runs[arch]
     got, want = run["result"]["output_ids"], run["want"]
     for prompt, g, w in zip(PROMPTS, got, want, strict=True):
         assert g == w, f"{arch}, prompt {prompt[-30:]!r}: sglang {g} != transformers {w}"
 
 
-def test_long_prompt_spans_several_chunks(runs: dict[str, Any]) -> None:
+def test_long_prompt_spans_several_chunks(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(runs[ARCHS[0]]["model"])
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path, ARCHS[0]))
     assert len(tokenizer(LONG).input_ids) > 3 * CHUNKED_PREFILL
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_shared_prefix_is_served_from_the_radix_cache(arch: str, runs: dict[str, Any]) -> None:
+def test_shared_prefix_is_served_from_the_radix_cache(arch: str, runs: Runs) -> None:
     cached = runs[arch]["result"]["cached_tokens"]
     # The last two prompts extend the long one: each must reuse its cached prefix states.
     assert cached[3] >= CHUNKED_PREFILL, cached
@@ -111,7 +133,7 @@ def test_shared_prefix_is_served_from_the_radix_cache(arch: str, runs: dict[str,
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_gdn_kernel_runs_through_sglang_fl(arch: str, runs: dict[str, Any]) -> None:
+def test_every_gdn_kernel_runs_through_sglang_fl(arch: str, runs: Runs) -> None:
     rows = runs[arch]["rows"]
     pid = runs[arch]["result"]["pid"]
     layers = scheduler_layers(rows, pid)

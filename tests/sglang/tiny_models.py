@@ -26,6 +26,7 @@ ARCHITECTURES = (
     "gemma3_swa",
     "qwen3_next",
     "qwen3_next_r3",
+    "qwen3_5",
 )
 # MoE architectures: 8 experts, 2 per token, small expert MLPs.
 NUM_EXPERTS = 8
@@ -173,6 +174,24 @@ def _config(
             layer_types=["linear_attention", "full_attention"],
             linear_num_key_heads=key_heads,
             linear_num_value_heads=value_heads,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+        )
+    if arch == "qwen3_5":
+        # Qwen3.5's dense hybrid: its non-interleaved projection split (key/value heads 2/4)
+        # and a gated full-attention layer. SGLang reads full_attention_interval, which
+        # transformers writes only when given (released checkpoints carry it).
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(
+            **{k: v for k, v in common.items() if k != "torch_dtype"},
+            dtype="float32",
+            head_dim=hidden_size // 4,
+            full_attention_interval=NUM_LAYERS,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
             linear_key_head_dim=16,
             linear_value_head_dim=16,
             linear_conv_kernel_dim=4,

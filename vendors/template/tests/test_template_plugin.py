@@ -25,6 +25,8 @@ REGISTERED_OPS = {
     "decode_attention",
     "extend_attention",
     "fused_qkvzba_split_reshape_cat",
+    "fused_qkvzba_split_reshape_cat_contiguous",
+    "fused_sigmoid_mul",
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "fused_gdn_gating",

@@ -27,6 +27,7 @@ from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .collectives import COLLECTIVES
 from .contract import OpCase, OpContract, OpInputs, Tolerance
 from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
+from .kernel_functions.fused_sigmoid_mul import FUSED_SIGMOID_MUL
 from .linear_attention import LINEAR_ATTENTION_OPS
 from .moe import FUSED_MOE, TOPK
 from .normalization.gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
@@ -63,6 +64,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             TOPK,
             FUSED_MOE,
             FUSED_GATE_SIGMOID_MUL,
+            FUSED_SIGMOID_MUL,
             STORE_KV_CACHE,
             DECODE_ATTENTION,
             EXTEND_ATTENTION,

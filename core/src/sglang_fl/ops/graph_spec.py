@@ -179,6 +179,7 @@ WITHOUT_GRAPH_SPEC: Mapping[str, str] = MappingProxyType(
         op: _GDN
         for op in (
             "fused_qkvzba_split_reshape_cat",
+            "fused_qkvzba_split_reshape_cat_contiguous",
             "causal_conv1d_fn",
             "causal_conv1d_update",
             "fused_gdn_gating",
@@ -189,5 +190,9 @@ WITHOUT_GRAPH_SPEC: Mapping[str, str] = MappingProxyType(
             "rms_norm_gated",
             "track_mamba_states",
         )
+    }
+    | {
+        "fused_sigmoid_mul": "Qwen3.5's attention output gate, routed with the GDN functions: "
+        "its in-place form returns its input, which a custom op may not alias"
     }
 )

@@ -2,7 +2,9 @@
 
 SGLang 0.5.23's Qwen3-Next path (``models/qwen3_next.py`` -> ``RadixLinearAttention`` ->
 ``layers/attention/linear/gdn_backend.py`` -> ``kernels/gdn_triton.py``) calls Triton-only
-functions from ``sglang.kernels.ops`` and two plain ``nn.Module`` norms; none has a fused-op
+functions from ``sglang.kernels.ops`` and two plain ``nn.Module`` norms (Qwen3.5's,
+``models/qwen3_5.py``, two more: its contiguous projection split and the full-attention output
+gate ``fused_sigmoid_mul``, whose FP8 ``quant`` form stays with SGLang); none has a fused-op
 class the router's ``_resolve_forward_method`` hook would see. Each is wrapped here with one
 ``AROUND`` hook in SGLang's ``HookRegistry`` (applied right after the plugins load, before the
 model and backend modules import them by name, so their bindings get the wrapper too).
@@ -42,6 +44,7 @@ Around = Callable[..., Any]
 _FLA = "sglang.kernels.ops.attention.fla"
 _LINEAR = "sglang.kernels.ops.attention.linear"
 _CONV = "sglang.kernels.ops.mamba.causal_conv1d_triton"
+_PROJ = "sglang.kernels.ops.attention.triton_gdn_fused_proj"
 _PAD_SLOT_ID = -1
 
 
@@ -71,6 +74,36 @@ def _split(fn: Forward) -> Around:
         return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
 
     return fused_qkvzba_split_reshape_cat
+
+
+def _split_contiguous(fn: Forward) -> Around:
+    def fused_qkvzba_split_reshape_cat_contiguous(
+        original: Forward,
+        mixed_qkvz: torch.Tensor,
+        mixed_ba: torch.Tensor,
+        num_heads_qk: int,
+        num_heads_v: int,
+        head_qk: int,
+        head_v: int,
+    ) -> Any:
+        return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
+
+    return fused_qkvzba_split_reshape_cat_contiguous
+
+
+def _sigmoid_mul(fn: Forward) -> Around:
+    def fused_sigmoid_mul(
+        original: Forward,
+        attn_output: torch.Tensor,
+        gate: torch.Tensor,
+        inplace: bool = False,
+        quant: bool = False,
+    ) -> Any:
+        if quant:  # the per-token FP8 output: outside the contract
+            return original(attn_output, gate, inplace=inplace, quant=quant)
+        return fn(None, attn_output, gate, inplace)
+
+    return fused_sigmoid_mul
 
 
 def _conv_fn(fn: Forward) -> Around:
@@ -356,9 +389,20 @@ _TRACK = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
 
 GDN_ROUTES: tuple[GdnRoute, ...] = (
     GdnRoute(
-        "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat",
+        f"{_PROJ}.fused_qkvzba_split_reshape_cat",
         "fused_qkvzba_split_reshape_cat",
         _split,
+    ),
+    GdnRoute(
+        f"{_PROJ}.fused_qkvzba_split_reshape_cat_contiguous",
+        "fused_qkvzba_split_reshape_cat_contiguous",
+        _split_contiguous,
+    ),
+    # Not a GDN kernel: Qwen3.5's full-attention output gate, routed here for its quant option.
+    GdnRoute(
+        "sglang.kernels.ops.elementwise.elementwise.fused_sigmoid_mul",
+        "fused_sigmoid_mul",
+        _sigmoid_mul,
     ),
     GdnRoute(f"{_CONV}.causal_conv1d_fn", "causal_conv1d_fn", _conv_fn),
     GdnRoute(f"{_CONV}.causal_conv1d_update", "causal_conv1d_update", _conv_update),

@@ -1,7 +1,8 @@
 """The gated-delta-rule (GDN) linear-attention family: every kernel SGLang 0.5.23's Qwen3-Next
 path calls, as standard ops (see ``docs/architecture.md``, "Hybrid linear attention").
 
-In call order for one GDN layer: ``fused_qkvzba_split_reshape_cat`` (unpack the projections),
+In call order for one GDN layer: ``fused_qkvzba_split_reshape_cat`` (unpack the projections;
+``..._contiguous`` for Qwen3.5's layout),
 ``causal_conv1d_fn`` / ``causal_conv1d_update`` (short conv, prefill / decode),
 ``fused_gdn_gating`` (prefill gates), ``chunk_gated_delta_rule`` (prefill),
 ``fused_recurrent_gated_delta_rule_packed_decode`` or ``fused_sigmoid_gating_delta_rule_update``
@@ -21,13 +22,18 @@ from .delta_rule import (
     FUSED_SIGMOID_GATING_DELTA_RULE_UPDATE,
 )
 from .norm import RMS_NORM_GATED
-from .projection import FUSED_GDN_GATING, FUSED_QKVZBA_SPLIT_RESHAPE_CAT
+from .projection import (
+    FUSED_GDN_GATING,
+    FUSED_QKVZBA_SPLIT_RESHAPE_CAT,
+    FUSED_QKVZBA_SPLIT_RESHAPE_CAT_CONTIGUOUS,
+)
 from .track import TRACK_MAMBA_STATES
 
 __all__ = ["LINEAR_ATTENTION_OPS"]
 
 LINEAR_ATTENTION_OPS: tuple[OpContract, ...] = (
     FUSED_QKVZBA_SPLIT_RESHAPE_CAT,
+    FUSED_QKVZBA_SPLIT_RESHAPE_CAT_CONTIGUOUS,
     CAUSAL_CONV1D_FN,
     CAUSAL_CONV1D_UPDATE,
     FUSED_GDN_GATING,

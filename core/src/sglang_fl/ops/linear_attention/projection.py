@@ -1,8 +1,10 @@
-"""``fused_qkvzba_split_reshape_cat`` and ``fused_gdn_gating``: GDN's input side.
+"""``fused_qkvzba_split_reshape_cat(_contiguous)`` and ``fused_gdn_gating``: GDN's input side.
 
-The split is SGLang's ``sglang.kernels.ops.attention.triton_gdn_fused_proj``'s: Qwen3-Next's
+The splits are SGLang's ``sglang.kernels.ops.attention.triton_gdn_fused_proj``'s: Qwen3-Next's
 packed projection holds, per key head, ``[q | k | v (r heads) | z (r heads)]`` and ``[b (r) |
 a (r)]`` with ``r = HV / H``; SGLang's model takes this Triton path when ``r`` is 1, 2 or 4.
+Qwen3.5's (``models/qwen3_5.py``, every ratio) is not interleaved: ``[all q | all k | all v |
+all z]`` and ``[all b | all a]``; the outputs are the same.
 The gating is ``sglang.kernels.ops.attention.linear.fused_gdn_gating``'s (prefill).
 """
 
@@ -24,7 +26,11 @@ from ..contract import (
 )
 from ._gdn import gdn_decay
 
-__all__ = ["FUSED_GDN_GATING", "FUSED_QKVZBA_SPLIT_RESHAPE_CAT"]
+__all__ = [
+    "FUSED_GDN_GATING",
+    "FUSED_QKVZBA_SPLIT_RESHAPE_CAT",
+    "FUSED_QKVZBA_SPLIT_RESHAPE_CAT_CONTIGUOUS",
+]
 
 
 def _split_signature(
@@ -84,6 +90,52 @@ def fused_qkvzba_split_reshape_cat(
     )
 
 
+def _contiguous_signature(
+    obj: Any,
+    mixed_qkvz: torch.Tensor,
+    mixed_ba: torch.Tensor,
+    num_heads_qk: int,
+    num_heads_v: int,
+    head_qk: int,
+    head_v: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unpack Qwen3.5's non-interleaved projections into GDN's operands.
+
+    ``mixed_qkvz`` ``[T, 2 * H * head_qk + 2 * HV * head_v]`` laid out ``[all q | all k | all
+    v | all z]``, ``mixed_ba`` ``[T, 2 * HV]`` laid out ``[all b | all a]`` (rows may be
+    strided); ``HV`` a multiple of ``H``. Returns new tensors ``(mixed_qkv, z, b, a)`` shaped
+    as ``fused_qkvzba_split_reshape_cat``'s: ``mixed_qkv`` ``[T, 2 * H * head_qk + HV *
+    head_v]``, ``z`` ``[T, HV, head_v]``, ``b`` and ``a`` ``[T, HV]``. A pure copy: exact.
+    """
+    raise NotImplementedError
+
+
+def fused_qkvzba_split_reshape_cat_contiguous(
+    obj: Any,
+    mixed_qkvz: torch.Tensor,
+    mixed_ba: torch.Tensor,
+    num_heads_qk: int,
+    num_heads_v: int,
+    head_qk: int,
+    head_v: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Slices and copies; the input already holds ``mixed_qkv`` as its leading columns."""
+    if num_heads_qk <= 0 or num_heads_v % num_heads_qk:
+        raise ValueError(
+            f"fused_qkvzba_split_reshape_cat_contiguous: num_heads_v ({num_heads_v}) must be a "
+            f"positive multiple of num_heads_qk ({num_heads_qk})"
+        )
+    tokens = mixed_qkvz.shape[0]
+    qkv_dim = 2 * num_heads_qk * head_qk + num_heads_v * head_v
+    z = mixed_qkvz[:, qkv_dim : qkv_dim + num_heads_v * head_v]
+    return (
+        mixed_qkvz[:, :qkv_dim].contiguous(),
+        z.reshape(tokens, num_heads_v, head_v).contiguous(),
+        mixed_ba[:, :num_heads_v].contiguous(),
+        mixed_ba[:, num_heads_v : 2 * num_heads_v].contiguous(),
+    )
+
+
 # (H, HV, head_qk, head_v): the ratios SGLang's Triton path takes (1, 2, 4) and one it does not.
 SPLIT_HEADS = ((2, 2, 16, 16), (2, 4, 16, 8), (1, 4, 8, 8), (2, 6, 8, 16))
 
@@ -131,6 +183,35 @@ FUSED_QKVZBA_SPLIT_RESHAPE_CAT = OpContract(
     tolerances=_EXACT,
     cases=SPLIT_CASES,
     make_inputs=_split_inputs,
+)
+
+
+def _contiguous_inputs(
+    case: OpCase, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> OpInputs:
+    p = case.params
+    h, hv, dk, dv = p["heads"]
+    qkvz = random_tensor(
+        (p["tokens"], 2 * h * dk + 2 * hv * dv),
+        dtype,
+        device,
+        generator,
+        contiguous=p["contiguous"],
+    )
+    ba = random_tensor((p["tokens"], 2 * hv), dtype, device, generator)
+    return OpInputs(obj=None, args=(qkvz, ba, h, hv, dk, dv), preserved=("mixed_qkvz", "mixed_ba"))
+
+
+FUSED_QKVZBA_SPLIT_RESHAPE_CAT_CONTIGUOUS = OpContract(
+    name="fused_qkvzba_split_reshape_cat_contiguous",
+    sglang_layer="fused_qkvzba_split_reshape_cat_contiguous (kernel function, Qwen3.5)",
+    summary="Unpack Qwen3.5's [q|k|v|z]/[b|a] projections into mixed_qkv, z, b, a",
+    signature=inspect.signature(_contiguous_signature),
+    reference=fused_qkvzba_split_reshape_cat_contiguous,
+    dtypes=STANDARD_DTYPES,
+    tolerances=_EXACT,
+    cases=SPLIT_CASES,
+    make_inputs=_contiguous_inputs,
 )
 
 

@@ -3,7 +3,8 @@ operator; the rest declared, not served.
 
 torch_npu has no GDN operators. SGLang 0.5.23's NPU path imports its own from
 ``sgl_kernel_npu`` (read in the SGLang wheel: ``models/qwen3_next.py`` binds
-``sgl_kernel_npu.fla.utils.fused_qkvzba_split_reshape_cat``; ``gdn_backend.py`` and
+``sgl_kernel_npu.fla.utils.fused_qkvzba_split_reshape_cat``, ``models/qwen3_5.py``
+``..._contiguous`` and ``sgl_kernel_npu.activation.fused_sigmoid_mul``; ``gdn_backend.py`` and
 ``hardware_backend/npu/attention/ascend_gdn_backend.py`` bind
 ``sgl_kernel_npu.fla.fused_gdn_gating.fused_gdn_gating_npu`` and
 ``sgl_kernel_npu.mamba.causal_conv1d.causal_conv1d_fn_npu``/``causal_conv1d_update_npu``;
@@ -36,6 +37,10 @@ _SGLANG = "torch_npu has no operator; SGLang's NPU path calls sgl_kernel_npu's"
 _NONE = "torch_npu has no operator and sgl_kernel_npu none that SGLang 0.5.23 uses"
 NO_KERNEL = {
     "fused_qkvzba_split_reshape_cat": f"{_SGLANG} fla.utils.fused_qkvzba_split_reshape_cat",
+    "fused_qkvzba_split_reshape_cat_contiguous": f"{_SGLANG} "
+    "fla.utils.fused_qkvzba_split_reshape_cat_contiguous (Qwen3.5)",
+    "fused_sigmoid_mul": f"{_SGLANG} activation.fused_sigmoid_mul (Qwen3.5's attention output "
+    "gate, on a contiguous gate)",
     "causal_conv1d_fn": f"{_SGLANG} mamba.causal_conv1d.causal_conv1d_fn_npu",
     "causal_conv1d_update": f"{_SGLANG} mamba.causal_conv1d.causal_conv1d_update_npu",
     "chunk_gated_delta_rule": f"{_SGLANG} fla.chunk.chunk_gated_delta_rule_npu",

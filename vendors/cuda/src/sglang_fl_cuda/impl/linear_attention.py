@@ -22,7 +22,8 @@ assert or a write outside the pool. The cost is a few host-side checks per call,
 device-to-host read of the state indices (skipped while a CUDA graph is being captured, where
 no read is possible; SGLang's own indices are then trusted, as SGLang trusts them).
 
-The other four ops have no adapter yet (``NO_KERNEL``): their Triton kernels stay in place.
+The other ops (and Qwen3.5's contiguous split and attention output gate, routed with them) have
+no adapter yet (``NO_KERNEL``): their Triton kernels stay in place.
 Every refusal below cites the kernel source it follows.
 """
 
@@ -41,6 +42,10 @@ _PREFIX = "sgl_kernel has no GDN kernels; SGLang's own Triton kernel"
 _NO_ADAPTER = "no adapter in this wheel yet, so it stays in place"
 NO_KERNEL = {
     "fused_qkvzba_split_reshape_cat": f"{_PREFIX} (triton_gdn_fused_proj): {_NO_ADAPTER}",
+    "fused_qkvzba_split_reshape_cat_contiguous": f"{_PREFIX} (triton_gdn_fused_proj, Qwen3.5's "
+    f"layout): {_NO_ADAPTER}",
+    "fused_sigmoid_mul": "sgl_kernel has none; SGLang's own Triton kernel (elementwise."
+    f"fused_sigmoid_mul, Qwen3.5's attention output gate): {_NO_ADAPTER}",
     "causal_conv1d_fn": f"{_PREFIX} (mamba/causal_conv1d_triton; on CUDA SGLang's compiled "
     f"causal_conv1d): {_NO_ADAPTER}",
     "causal_conv1d_update": f"{_PREFIX} (mamba/causal_conv1d_triton): {_NO_ADAPTER}",

@@ -25,6 +25,20 @@ def fused_qkvzba_split_reshape_cat(
     raise Unsupported("template: fused_qkvzba_split_reshape_cat is not implemented")
 
 
+def fused_qkvzba_split_reshape_cat_contiguous(
+    obj: Any, mixed_qkvz: Tensor, mixed_ba: Tensor, num_heads_qk: int, num_heads_v: int,
+    head_qk: int, head_v: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    # Qwen3.5's [all q | all k | all v | all z], [all b | all a]; outputs as the split above.
+    raise Unsupported("template: fused_qkvzba_split_reshape_cat_contiguous is not implemented")
+
+
+def fused_sigmoid_mul(obj: Any, attn_output: Tensor, gate: Tensor, inplace: bool = False) -> Tensor:
+    # Qwen3.5's attention output gate: attn_output * sigmoid(gate); gate may be [T, heads, dim]
+    # with any strides; inplace=True writes into attn_output and returns it.
+    raise Unsupported("template: fused_sigmoid_mul is not implemented")
+
+
 def causal_conv1d_fn(
     obj: Any, x: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor,
     query_start_loc: Tensor, seq_lens_cpu: Any, cache_indices: Tensor | None = None,
