@@ -29,12 +29,14 @@ from .impl.linear_attention import (
     chunk_gated_delta_rule,
     fused_gdn_gating,
     fused_qkvzba_split_reshape_cat,
-    fused_qkvzba_split_reshape_cat_contiguous,
     fused_recurrent_gated_delta_rule,
     fused_sigmoid_gating_delta_rule_update,
     fused_sigmoid_mul,
     rms_norm_gated,
     track_mamba_states,
+)
+from .impl.linear_attention import (
+    fused_qkvzba_split_reshape_cat_contiguous as split_contiguous,
 )
 from .impl.linear_attention import (
     fused_recurrent_gated_delta_rule_packed_decode as packed_decode,
@@ -67,9 +69,7 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "decode_attention": decode_attention,
                 "extend_attention": extend_attention,
                 "fused_qkvzba_split_reshape_cat": fused_qkvzba_split_reshape_cat,
-                "fused_qkvzba_split_reshape_cat_contiguous": (
-                    fused_qkvzba_split_reshape_cat_contiguous
-                ),
+                "fused_qkvzba_split_reshape_cat_contiguous": split_contiguous,
                 "fused_sigmoid_mul": fused_sigmoid_mul,
                 "causal_conv1d_fn": causal_conv1d_fn,
                 "causal_conv1d_update": causal_conv1d_update,
