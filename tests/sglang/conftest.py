@@ -40,10 +40,21 @@ def pytest_configure(config: pytest.Config) -> None:
         "engine(spec): the test runs against the shared SGLang engine of this EngineSpec "
         "(tests/sglang/engines.py); tests of one spec run together",
     )
+    config.addinivalue_line(
+        "markers",
+        "matrix: the matrix tier (nox -s sglang_matrix): TP/PP ranks and the engines of models "
+        "other than the default tiny Llama; given automatically to tests of such an EngineSpec",
+    )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each engine configuration's tests together, so that each engine starts once."""
+    """Each engine configuration's tests together, so that each engine starts once; tests of a
+    matrix-tier configuration marked ``matrix``."""
+    for item in items:
+        spec = spec_of(item)
+        if spec is not None and spec.matrix:
+            item.add_marker(pytest.mark.matrix)
     items[:] = list(by_engine(items))
 
 

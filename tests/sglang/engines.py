@@ -62,6 +62,10 @@ __all__ = [
     "register_site",
 ]
 
+# The fast tier's engines run this model; every other model, and any TP/PP run, is the matrix
+# tier (noxfile.py, SGLANG_TIERS).
+FAST_TIER_MODELS = frozenset({"llama"})
+
 # A request (generate, tokenize) on a tiny model takes seconds; a long one on the real model
 # under load a few minutes. A request that takes longer is a hang: the engine is killed.
 REQUEST_TIMEOUT_S = 600
@@ -104,6 +108,13 @@ class EngineSpec:
             sites=sites,
             label=label,
         )
+
+    @property
+    def matrix(self) -> bool:
+        """Whether this engine belongs to the matrix tier (other models, several ranks)."""
+        args = dict(self.server_args)
+        ranks = int(args.get("tp_size", 1)) * int(args.get("pp_size", 1))
+        return self.model not in FAST_TIER_MODELS or ranks > 1
 
     @property
     def id(self) -> str:
