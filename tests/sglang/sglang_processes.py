@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from installed_dists import install_project
+
 HERE = Path(__file__).parent
 # Start-up of an engine or server on 2 busy cores, the model loaded included.
 ENGINE_TIMEOUT_S = 600
@@ -39,13 +41,13 @@ def count_engine_start(what: str) -> None:
 
 def persistent_cache(*parts: str) -> Path:
     """A directory under the tests' persistent cache: ``$SGLANG_FL_TEST_CACHE``, else
-    ``$XDG_CACHE_HOME/sglang-fl-tests`` (``~/.cache/sglang-fl-tests``)."""
+    ``$XDG_CACHE_HOME/sglang-fl/tests`` (``~/.cache/sglang-fl/tests``)."""
     configured = os.environ.get(TEST_CACHE_ENV, "").strip()
     if configured:
         root = Path(configured).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl-tests"
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl" / "tests"
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -104,23 +106,11 @@ def run_engine(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def install_wheel_from_source(source: Path, root: Path) -> Path:
-    """Build ``source`` (a project with a pyproject.toml) into a real wheel and pip-install it
-    into a directory of its own, returned: put it on ``PYTHONPATH`` beside SGLang."""
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    return site
+def install_source(source: Path, root: Path) -> Path:
+    """Install the project in ``source`` (a ``pyproject.toml`` beside its packages) as an
+    installed distribution in a directory of its own under ``root``, returned: put it on
+    ``PYTHONPATH`` beside SGLang (``tests/support/installed_dists.py``)."""
+    return install_project(source, root / "site")
 
 
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
