@@ -20,7 +20,7 @@ from sglang_fl.config import Settings
 from sglang_fl.dispatch.binder import Decline, FallbackChain
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 from sglang_fl.dispatch_report import DispatchReport, Runner, read_log
-from sglang_fl.integrations.routing import Bridge, Forward, Handoff, LayerRouter
+from sglang_fl.integrations.routing import Bridge, Forward, Handoff, LayerRouter, rows_forward
 from sglang_fl.ops import get_contract
 from sglang_fl.runtime import Runtime
 
@@ -117,17 +117,13 @@ def test_strict_keeps_the_chosen_alone_and_its_decline_is_an_error() -> None:
 
 
 class RowsBridge(Bridge):
-    """Binds ``silu_and_mul`` to a layer whose forward takes ``x`` (the engine's signature)."""
+    """Binds ``silu_and_mul`` to a layer whose forward takes ``x`` (the engines' signature)."""
 
     op_name = SILU.name
     engine = "Test"
 
     def bind(self, layer: Any, fn: Forward, engine_forward: Forward, handoff: Handoff) -> Forward:
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = fn(layer, x)
-            return out
-
-        return forward
+        return rows_forward(layer, fn, halves=True)
 
 
 class Activation:

@@ -43,6 +43,8 @@ _PAD_SLOT_ID = -1
 
 
 def _split(fn: Forward) -> Around:
+    """Both q/k/v/z/b/a splits (Qwen3-Next's interleaved, Qwen3.5's contiguous): same call."""
+
     def fused_qkvzba_split_reshape_cat(
         original: Forward,
         mixed_qkvz: torch.Tensor,
@@ -55,21 +57,6 @@ def _split(fn: Forward) -> Around:
         return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
 
     return fused_qkvzba_split_reshape_cat
-
-
-def _split_contiguous(fn: Forward) -> Around:
-    def fused_qkvzba_split_reshape_cat_contiguous(
-        original: Forward,
-        mixed_qkvz: torch.Tensor,
-        mixed_ba: torch.Tensor,
-        num_heads_qk: int,
-        num_heads_v: int,
-        head_qk: int,
-        head_v: int,
-    ) -> Any:
-        return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
-
-    return fused_qkvzba_split_reshape_cat_contiguous
 
 
 def _sigmoid_mul(fn: Forward) -> Around:
@@ -377,7 +364,7 @@ GDN_ROUTES: tuple[FunctionRoute, ...] = (
     FunctionRoute(
         f"{_PROJ}.fused_qkvzba_split_reshape_cat_contiguous",
         "fused_qkvzba_split_reshape_cat_contiguous",
-        _split_contiguous,
+        _split,
     ),
     # Not a GDN kernel: Qwen3.5's full-attention output gate, routed here for its quant option.
     FunctionRoute(
