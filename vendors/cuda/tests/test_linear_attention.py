@@ -143,10 +143,10 @@ REFUSALS: Mapping[str, tuple[str, int, torch.dtype, dict[str, Any], str]] = {
     "chunk float32": ("chunk_gated_delta_rule", 2, torch.float32, {}, "float32"),
     "chunk strided pool": ("chunk_gated_delta_rule", 2, torch.bfloat16, {"pool": True}, "copies"),
     "chunk padding index": (
-        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": -1}, "outside the pool",
+        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": -1}, "outside the state pool",
     ),
     "chunk index past the pool": (
-        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": 5}, "outside the pool",
+        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": 5}, "outside the state pool",
     ),
     "recurrent scale": (
         "fused_recurrent_gated_delta_rule", 2, torch.bfloat16, {"scale": -1.0}, "scale > 0",
@@ -161,11 +161,11 @@ REFUSALS: Mapping[str, tuple[str, int, torch.dtype, dict[str, Any], str]] = {
     ),
     "packed index past the pool": (
         "fused_recurrent_gated_delta_rule_packed_decode", 2, torch.bfloat16, {"index": 7},
-        "outside the pool",
+        "outside the state pool",
     ),
     "sigmoid index past the pool": (
         "fused_sigmoid_gating_delta_rule_update", 1, torch.bfloat16, {"index": 5},
-        "outside the pool",
+        "outside the state pool",
     ),
     "sigmoid scale": (
         "fused_sigmoid_gating_delta_rule_update", 1, torch.bfloat16, {"scale": 0.0}, "scale > 0",

@@ -24,7 +24,7 @@ from ..contract import (
     OpInputs,
     random_tensor,
 )
-from ._gdn import PAD_SLOT_ID, check_state_indices
+from .state_indices import PAD_SLOT_ID, check_state_indices
 
 __all__ = ["CAUSAL_CONV1D_FN", "CAUSAL_CONV1D_UPDATE"]
 
@@ -116,13 +116,12 @@ def causal_conv1d_fn(
         )
     if cache_indices is None:
         slots = list(range(batch))
-        check_state_indices(op, torch.tensor(slots), conv_states.shape[0], allow_padding=False)
+        check_state_indices(op, torch.arange(batch), conv_states.shape[0], pad_slot_id=None)
     else:
         if cache_indices.numel() != batch:
             raise ValueError(f"{op}: {cache_indices.numel()} cache indices for {batch} sequences")
+        check_state_indices(op, cache_indices, conv_states.shape[0], pad_slot_id=pad_slot_id)
         slots = [int(i) for i in cache_indices.reshape(-1).tolist()]
-        real = torch.tensor([s for s in slots if s != pad_slot_id], dtype=torch.int64)
-        check_state_indices(op, real, conv_states.shape[0], allow_padding=False)
     initial = (
         [bool(i) for i in has_initial_state.reshape(-1).tolist()]
         if has_initial_state is not None
@@ -189,13 +188,12 @@ def causal_conv1d_update(
     batch, dim, length = x3.shape
     if conv_state_indices is None:
         slots = list(range(batch))
-        check_state_indices(op, torch.tensor(slots), conv_state.shape[0], allow_padding=False)
+        check_state_indices(op, torch.arange(batch), conv_state.shape[0], pad_slot_id=None)
     else:
         if conv_state_indices.numel() != batch:
             raise ValueError(f"{op}: {conv_state_indices.numel()} state indices for {batch} rows")
+        check_state_indices(op, conv_state_indices, conv_state.shape[0], pad_slot_id=pad_slot_id)
         slots = [int(i) for i in conv_state_indices.reshape(-1).tolist()]
-        real = torch.tensor([s for s in slots if s != pad_slot_id], dtype=torch.int64)
-        check_state_indices(op, real, conv_state.shape[0], allow_padding=False)
     out = torch.zeros(batch, dim, length, dtype=torch.float32, device=x.device)
     live = [i for i, s in enumerate(slots) if s != pad_slot_id]
     if live:

@@ -18,8 +18,6 @@ import torch
 
 from ..contract import OpCase, OpContract, OpInputs, Tolerance, random_tensor
 from ._gdn import (
-    PAD_SLOT_ID,
-    check_state_indices,
     chunked_sequence,
     gdn_decay,
     l2norm,
@@ -27,6 +25,7 @@ from ._gdn import (
     recurrent_step,
     sequence_bounds,
 )
+from .state_indices import PAD_SLOT_ID, check_state_indices
 
 __all__ = [
     "CHUNK_GATED_DELTA_RULE",
@@ -106,16 +105,15 @@ def chunk_gated_delta_rule(
     if initial_state is not None:
         if initial_state_indices is None:
             slots = list(range(len(spans)))
-            check_state_indices(op, torch.tensor(slots), initial_state.shape[0])
+            check_state_indices(op, torch.arange(len(spans)), initial_state.shape[0])
         else:
             if initial_state_indices.numel() != len(spans):
                 raise ValueError(
                     f"{op}: {initial_state_indices.numel()} state indices for "
                     f"{len(spans)} sequences"
                 )
-            slots = check_state_indices(
-                op, initial_state_indices, initial_state.shape[0], allow_padding=False
-            )
+            check_state_indices(op, initial_state_indices, initial_state.shape[0], pad_slot_id=None)
+            slots = initial_state_indices.reshape(-1).tolist()
         states = initial_state
     else:
         slots = list(range(len(spans)))
@@ -286,7 +284,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
             f"{ssm_state_indices.numel()}) and out [{batch}, 1, {heads_v}, {dv}] (got "
             f"{list(out.shape)})"
         )
-    slots = check_state_indices(op, ssm_state_indices, initial_state.shape[0])
+    check_state_indices(op, ssm_state_indices, initial_state.shape[0])
+    slots = ssm_state_indices.reshape(-1).tolist()
     live = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID]
     if len(live) == batch:  # no padding row (the common case): no row gathers
         rows = None
@@ -381,7 +380,8 @@ def fused_sigmoid_gating_delta_rule_update(
         raise ValueError(
             f"{op}: {initial_state_indices.numel()} state indices for {len(spans)} sequences"
         )
-    slots = check_state_indices(op, initial_state_indices, initial_state_source.shape[0])
+    check_state_indices(op, initial_state_indices, initial_state_source.shape[0])
+    slots = initial_state_indices.reshape(-1).tolist()
     qf, kf, vf = prepare_qkv(op, q, k, v, scale, use_qk_l2norm_in_kernel)
     g = gdn_decay(A_log, a, dt_bias, softplus_beta, softplus_threshold).reshape(
         batch, tokens, heads_v

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from sglang_fl.ops.linear_attention import PAD_SLOT_ID, check_state_indices
 from sglang_fl.types import Unsupported
 
 from ..backend import SGLANG_TRITON
@@ -82,19 +83,15 @@ def _rows_packed(state: torch.Tensor) -> bool:
 
 
 def _require_in_pool(op: str, indices: torch.Tensor, slots: int, *, padding: bool) -> None:
-    """Decline an index the kernel would follow outside the pool (none checks the bound).
-
-    One device-to-host read; not possible while a CUDA graph is captured, where it is skipped.
-    """
-    if indices.numel() == 0 or (indices.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
-    low = -1 if padding else 0
-    if bool(((indices < low) | (indices >= slots)).any()):
-        allowed = f"0..{slots - 1}" + (" or -1 (padding)" if padding else "")
-        raise Unsupported(
-            f"{op}: a state index is outside the pool of {slots} slots (allowed: {allowed}); "
-            "SGLang's Triton kernel does not check the bound and would write past the pool"
-        )
+    """Decline an index the kernel would follow outside the pool (none checks the bound)."""
+    check_state_indices(
+        op,
+        indices,
+        slots,
+        pad_slot_id=PAD_SLOT_ID if padding else None,
+        error=Unsupported,
+        why="SGLang's Triton kernel does not check the bound and would write past the pool",
+    )
 
 
 def _positive_scale(op: str, scale: float | None, source: str) -> None:
