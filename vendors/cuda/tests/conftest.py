@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL, SGLANG_TRITON
@@ -33,8 +34,12 @@ def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
 
 @pytest.fixture
 def flash_attn(monkeypatch: pytest.MonkeyPatch) -> FlashAttnDouble:
-    """A fresh double as ``sgl_kernel.flash_attn`` (FlashAttention-3), on an emulated sm90."""
-    return install_double(monkeypatch, FlashAttnDouble(), FLASH_ATTN)
+    """A fresh double as ``sgl_kernel.flash_attn`` (FlashAttention-3), on an emulated sm90: the
+    double's GPU is also what ``torch.cuda.get_device_capability`` reports (set its
+    ``capability`` to emulate another)."""
+    double = install_double(monkeypatch, FlashAttnDouble(), FLASH_ATTN)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", double.get_device_capability)
+    return double
 
 
 @pytest.fixture

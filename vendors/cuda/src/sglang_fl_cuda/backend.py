@@ -10,6 +10,7 @@ import torch
 from sglang_fl.types import Availability, Backend, ChipSdk
 
 __all__ = [
+    "FA3_DEVICES",
     "FLASH_ATTN",
     "SGLANG_TRITON",
     "SGL_KERNEL",
@@ -126,17 +127,49 @@ class NcclBackend(Backend):
             return Availability(False, f"probing NCCL failed: {type(exc).__name__}: {exc}")
 
 
+# Where sgl_kernel's FlashAttention-3 runs: ``is_fa3_supported`` (sgl_kernel/flash_attn.py:16-28,
+# sglang-kernel 0.4.10) holds for CUDA >= 12.3 and compute capability 8.x or 9.x, the GPUs its
+# flash_ops binary has kernels for (cubins for sm_80, sm_86 and sm_90a only).
+FA3_DEVICES = "sm80/86/89/90 with CUDA >= 12.3 (sgl_kernel/flash_attn.py is_fa3_supported)"
+
+
+def _fa3_availability() -> Availability:
+    """The module probe, then ``is_fa3_supported`` on every visible device: a Blackwell GPU
+    (sm100/sm120) imports the module but has no FA3 kernel, so FA3 is unavailable there."""
+    found = FLASH_ATTN.probe()
+    if not found:
+        return found
+    module = FLASH_ATTN.require()
+    lacking = [
+        f"cuda:{index} (sm{''.join(map(str, torch.cuda.get_device_capability(index)))})"
+        for index in range(torch.cuda.device_count())
+        if not module.is_fa3_supported(index)
+    ]
+    if lacking:
+        return Availability(
+            False,
+            f"sgl_kernel's FlashAttention-3 runs on {FA3_DEVICES}, not on {', '.join(lacking)} "
+            f"with CUDA {torch.version.cuda}",
+        )
+    return found
+
+
 class FlashAttnBackend(Backend):
-    """The same vendor (``cuda``) for the attention adapters: available when a CUDA device is
-    visible and ``sgl_kernel.flash_attn`` (FlashAttention-3) imports, which a wheel built
-    without FA3 lacks while its other kernels work."""
+    """The same vendor (``cuda``) for the attention adapters: available when
+    ``sgl_kernel.flash_attn`` (FlashAttention-3) imports, which a wheel built without FA3 lacks
+    while its other kernels work, and every visible GPU is one FA3 has kernels for."""
 
     @property
     def name(self) -> str:
         return "cuda"
 
     def is_available(self) -> Availability:
-        return FLASH_ATTN.probe()
+        try:
+            return _fa3_availability()
+        except Exception as exc:  # a driver error while asking: a reason, never a raise
+            return Availability(
+                False, f"probing FlashAttention-3 failed: {type(exc).__name__}: {exc}"
+            )
 
 
 class SglangTritonBackend(Backend):
