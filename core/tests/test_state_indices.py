@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sglang_fl import Unsupported
-from sglang_fl.ops.linear_attention import PAD_SLOT_ID, check_state_indices
+from sglang_fl.ops import OpContract
+from sglang_fl.ops.linear_attention import LINEAR_ATTENTION_OPS, PAD_SLOT_ID, check_state_indices
 
 
 @pytest.mark.parametrize(
@@ -67,3 +68,19 @@ def test_one_verdict_is_read_not_one_value_per_index(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append("tolist") or real_tolist(t))
     check_state_indices("op", torch.arange(4096) % 64, 64)
     assert reads == ["bool"]
+
+
+@pytest.mark.parametrize("contract", LINEAR_ATTENTION_OPS, ids=lambda c: c.name)
+def test_every_case_gives_its_live_rows_distinct_slots(contract: OpContract) -> None:
+    """Kernels run a batch's rows at once: two live rows on one slot would race, so no case
+    asks for it (SGLang gives each request its own slot)."""
+    names = list(contract.signature.parameters)[1:]  # after obj
+    for case in contract.cases:
+        inputs = contract.make_inputs(
+            case, torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0)
+        )
+        arguments = {**dict(zip(names, inputs.args, strict=False)), **inputs.kwargs}
+        for name, value in arguments.items():
+            if name.endswith("indices") and isinstance(value, torch.Tensor):
+                live = [i for i in value.reshape(-1).tolist() if i != PAD_SLOT_ID]
+                assert len(set(live)) == len(live), f"{case.name}: {name} {live}"

@@ -1,5 +1,6 @@
-"""The NVIDIA backends: ``sgl_kernel`` and SGLang's own Triton kernels on a CUDA device, each
-probed lazily and once per process."""
+"""The NVIDIA backends: ``sgl_kernel`` (its elementwise kernels, its FlashAttention-3 module, its
+compiled causal convs), SGLang's own Triton kernels and NCCL on a CUDA device, each probed
+lazily and once per process, so one missing piece leaves the others served."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ __all__ = [
     "FLASH_ATTN",
     "SGLANG_TRITON",
     "SGL_KERNEL",
-    "CudaBackend",
+    "SGL_KERNEL_MAMBA",
     "FlashAttnBackend",
     "NcclBackend",
-    "SglangTritonBackend",
+    "SdkBackend",
 ]
 
 
@@ -63,6 +64,17 @@ FLASH_ATTN = ChipSdk(
     no_device_hint=_no_cuda_hint,
 )
 
+# sgl_kernel's compiled causal convs (``sgl_kernel/mamba.py``): a module of their own, probed on
+# its own, so a wheel without them still serves the kernels above.
+SGL_KERNEL_MAMBA = ChipSdk(
+    "sgl_kernel.mamba",
+    device="CUDA device",
+    count_devices=torch.cuda.device_count,
+    devices_need_sdk=False,
+    requires=("causal_conv1d_fwd", "causal_conv1d_update"),
+    no_device_hint=_no_cuda_hint,
+)
+
 
 # SGLang's Triton GDN kernels (sglang_fl_cuda.sglang_triton imports Triton and SGLang's kernel
 # modules): counted first too, so a machine without a GPU never imports Triton through here.
@@ -83,15 +95,23 @@ SGLANG_TRITON = ChipSdk(
 )
 
 
-class CudaBackend(Backend):
-    """Available when torch sees a CUDA device and ``sgl_kernel`` imports with its kernels."""
+class SdkBackend(Backend):
+    """The ``cuda`` vendor's kernels of one SDK: available when torch sees a CUDA device and
+    ``sdk`` imports with the functions its adapters call (``SGL_KERNEL``, ``SGL_KERNEL_MAMBA``,
+    ``SGLANG_TRITON``)."""
+
+    def __init__(self, sdk: ChipSdk) -> None:
+        self.sdk = sdk
 
     @property
     def name(self) -> str:
         return "cuda"
 
     def is_available(self) -> Availability:
-        return SGL_KERNEL.probe()
+        return self.sdk.probe()
+
+    def __repr__(self) -> str:
+        return f"<SdkBackend 'cuda': {self.sdk.name}>"
 
 
 def _nccl_availability() -> Availability:
@@ -170,15 +190,3 @@ class FlashAttnBackend(Backend):
             return Availability(
                 False, f"probing FlashAttention-3 failed: {type(exc).__name__}: {exc}"
             )
-
-
-class SglangTritonBackend(Backend):
-    """The same vendor (``cuda``), available when a CUDA device is visible and SGLang's Triton
-    GDN kernels import: independent of ``sgl_kernel``, which has none of them."""
-
-    @property
-    def name(self) -> str:
-        return "cuda"
-
-    def is_available(self) -> Availability:
-        return SGLANG_TRITON.probe()

@@ -70,6 +70,16 @@ def expand_heads(x: torch.Tensor, num_v_heads: int, op: str) -> torch.Tensor:
     return x.repeat_interleave(ratio, dim=-2) if ratio != 1 else x
 
 
+def scrambled_slots(count: int, pool: int) -> torch.Tensor:
+    """``count`` distinct rows of a ``pool``-row state pool, int32, in a scrambled order (odd
+    rows descending, then even ones): never ``0..count - 1``, so a kernel ignoring the indices
+    fails a case, and never one row twice (a batch's rows run concurrently in a kernel)."""
+    if count > pool:
+        raise ValueError(f"{count} distinct slots do not fit a pool of {pool}")
+    order = [*range(pool - 1, -1, -2), *range(pool - 2, -1, -2)]
+    return torch.tensor(order[:count], dtype=torch.int32)
+
+
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor, total_tokens: int) -> list[int]:
     """``cu_seqlens`` as ints: starting at 0, non-decreasing, ending at ``total_tokens``."""
     bounds = [int(i) for i in cu_seqlens.reshape(-1).tolist()]

@@ -23,6 +23,7 @@ from ._gdn import (
     l2norm,
     prepare_qkv,
     recurrent_step,
+    scrambled_slots,
     sequence_bounds,
 )
 from .state_indices import PAD_SLOT_ID, check_state_indices
@@ -467,12 +468,6 @@ def _decays(shape: tuple[int, ...], device: torch.device, gen: torch.Generator) 
     return -0.5 * torch.rand(shape, generator=gen).to(device)
 
 
-def _slots(count: int, pool: int) -> torch.Tensor:
-    """Distinct pool rows in a scrambled order (never 0..n-1, so a kernel ignoring the
-    indices fails)."""
-    return torch.tensor([(pool - 1 - 2 * i) % pool for i in range(count)], dtype=torch.int32)
-
-
 CHUNK_CASES = (
     _case(lens=(), heads=HEADS[0]),
     _case(lens=(1,), heads=HEADS[0]),
@@ -501,7 +496,7 @@ def _chunk_inputs(
     )
     kwargs = {
         "initial_state": pool,
-        "initial_state_indices": _slots(len(lens), pool.shape[0]).to(device),
+        "initial_state_indices": scrambled_slots(len(lens), pool.shape[0]).to(device),
         "cu_seqlens": cu.to(device),
         "use_qk_l2norm_in_kernel": p.get("l2norm", True),
         "inplace_update": p.get("inplace", True),
@@ -612,7 +607,7 @@ def _packed_inputs(
     b = random_tensor((batch, hv), dtype, device, generator)
     A_log, dt_bias = _gate_params(hv, dtype, device, generator)
     pool = _pool(batch + 2, p, device, generator)
-    indices = _slots(batch, pool.shape[0])
+    indices = scrambled_slots(batch, pool.shape[0])
     if p.get("padding"):
         indices[1] = PAD_SLOT_ID
     out = random_tensor((batch, 1, hv, dv), dtype, device, generator)
@@ -660,7 +655,7 @@ def _sigmoid_inputs(
     b = random_tensor((total, hv), dtype, device, generator)
     A_log, dt_bias = _gate_params(hv, dtype, device, generator)
     pool = _pool(len(lens) + 2, p, device, generator)
-    indices = _slots(len(lens), pool.shape[0])
+    indices = scrambled_slots(len(lens), pool.shape[0])
     if p.get("padding"):
         indices[2] = PAD_SLOT_ID
     cu = torch.tensor(
