@@ -15,7 +15,7 @@ import pytest
 import torch
 from flash_attn_double import FlashAttnDouble
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.backend import FA3_DEVICES, FLASH_ATTN, FlashAttnBackend
+from sglang_fl_cuda.backend import FA3_DEVICES, FLASH_ATTN, NO_FLASHINFER, FlashAttnBackend
 from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
 
 from sglang_fl import Unsupported
@@ -226,7 +226,7 @@ def test_the_probe_asks_is_fa3_supported_of_every_gpu(
         sm = f"sm{capability[0]}{capability[1]}"
         assert verdict.reason == (
             f"sgl_kernel's FlashAttention-3 runs on {FA3_DEVICES}, not on cuda:0 ({sm}), "
-            f"cuda:1 ({sm}) with CUDA {torch.version.cuda}"
+            f"cuda:1 ({sm}) with CUDA {torch.version.cuda}; {NO_FLASHINFER}"
         )
 
 

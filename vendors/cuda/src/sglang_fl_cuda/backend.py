@@ -13,6 +13,7 @@ from sglang_fl.types import Availability, Backend, ChipSdk
 __all__ = [
     "FA3_DEVICES",
     "FLASH_ATTN",
+    "NO_FLASHINFER",
     "SGLANG_TRITON",
     "SGL_KERNEL",
     "SGL_KERNEL_MAMBA",
@@ -151,6 +152,11 @@ class NcclBackend(Backend):
 # sglang-kernel 0.4.10) holds for CUDA >= 12.3 and compute capability 8.x or 9.x, the GPUs its
 # flash_ops binary has kernels for (cubins for sm_80, sm_86 and sm_90a only).
 FA3_DEVICES = "sm80/86/89/90 with CUDA >= 12.3 (sgl_kernel/flash_attn.py is_fa3_supported)"
+# What SGLang runs where FA3 cannot, and why this wheel does not yet.
+NO_FLASHINFER = (
+    "FlashInfer, SGLang's attention there, has no adapter here yet: it plans once per batch "
+    "(sglang-fl-cuda README, 'FlashInfer')"
+)
 
 
 def _fa3_availability() -> Availability:
@@ -169,7 +175,7 @@ def _fa3_availability() -> Availability:
         return Availability(
             False,
             f"sgl_kernel's FlashAttention-3 runs on {FA3_DEVICES}, not on {', '.join(lacking)} "
-            f"with CUDA {torch.version.cuda}",
+            f"with CUDA {torch.version.cuda}; {NO_FLASHINFER}",
         )
     return found
 
