@@ -33,66 +33,46 @@ def _no_cuda_hint() -> str:
     return f"torch {torch.__version__} (CUDA {torch.version.cuda}) found no driver or GPU"
 
 
-# The devices are counted before the import: on a machine without a GPU, sgl_kernel (a large
-# native library that looks for one when imported) is never loaded.
-SGL_KERNEL = ChipSdk(
-    "sgl_kernel",
-    device="CUDA device",
-    count_devices=torch.cuda.device_count,
-    devices_need_sdk=False,
-    requires=(
-        "silu_and_mul",
-        "rmsnorm",
-        "fused_add_rmsnorm",
-        "rotary_embedding",
-        "gelu_and_mul",
-        "gelu_tanh_and_mul",
-        "gemma_rmsnorm",
-        "gemma_fused_add_rmsnorm",
-    ),
-    no_device_hint=_no_cuda_hint,
-)
+def _cuda_sdk(name: str, *requires: str) -> ChipSdk:
+    """A module of CUDA kernels, imported only once torch has counted a CUDA device: on a
+    machine without a GPU it is never loaded (sgl_kernel, a large native library, looks for one
+    when imported; the Triton facade imports Triton)."""
+    return ChipSdk(
+        name,
+        device="CUDA device",
+        count_devices=torch.cuda.device_count,
+        devices_need_sdk=False,
+        requires=requires,
+        no_device_hint=_no_cuda_hint,
+    )
 
+
+SGL_KERNEL = _cuda_sdk(
+    "sgl_kernel",
+    "silu_and_mul",
+    "rmsnorm",
+    "fused_add_rmsnorm",
+    "rotary_embedding",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "gemma_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+)
 # sgl_kernel's FlashAttention-3 wrapper module (what SGLang's ``fa3`` attention backend imports):
 # a submodule that ``import sgl_kernel`` does not load, probed on its own so that a wheel built
 # without FA3 still serves the kernels above.
-FLASH_ATTN = ChipSdk(
-    "sgl_kernel.flash_attn",
-    device="CUDA device",
-    count_devices=torch.cuda.device_count,
-    devices_need_sdk=False,
-    requires=("flash_attn_with_kvcache", "is_fa3_supported"),
-    no_device_hint=_no_cuda_hint,
-)
-
-# sgl_kernel's compiled causal convs (``sgl_kernel/mamba.py``): a module of their own, probed on
-# its own, so a wheel without them still serves the kernels above.
-SGL_KERNEL_MAMBA = ChipSdk(
-    "sgl_kernel.mamba",
-    device="CUDA device",
-    count_devices=torch.cuda.device_count,
-    devices_need_sdk=False,
-    requires=("causal_conv1d_fwd", "causal_conv1d_update"),
-    no_device_hint=_no_cuda_hint,
-)
-
-
-# SGLang's Triton GDN kernels (sglang_fl_cuda.sglang_triton imports Triton and SGLang's kernel
-# modules): counted first too, so a machine without a GPU never imports Triton through here.
-SGLANG_TRITON = ChipSdk(
+FLASH_ATTN = _cuda_sdk("sgl_kernel.flash_attn", "flash_attn_with_kvcache", "is_fa3_supported")
+# sgl_kernel's compiled causal convs (``sgl_kernel/mamba.py``), probed on their own too.
+SGL_KERNEL_MAMBA = _cuda_sdk("sgl_kernel.mamba", "causal_conv1d_fwd", "causal_conv1d_update")
+# SGLang's Triton GDN kernels, through the facade module that imports them.
+SGLANG_TRITON = _cuda_sdk(
     "sglang_fl_cuda.sglang_triton",
-    device="CUDA device",
-    count_devices=torch.cuda.device_count,
-    devices_need_sdk=False,
-    requires=(
-        "chunk_gated_delta_rule",
-        "fused_recurrent_gated_delta_rule",
-        "fused_recurrent_gated_delta_rule_packed_decode",
-        "fused_sigmoid_gating_delta_rule_update",
-        "fused_gdn_gating",
-        "layer_norm_gated_fwd",
-    ),
-    no_device_hint=_no_cuda_hint,
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_packed_decode",
+    "fused_sigmoid_gating_delta_rule_update",
+    "fused_gdn_gating",
+    "layer_norm_gated_fwd",
 )
 
 
