@@ -24,11 +24,13 @@ DEFINED_IN = {
     "BackendPriority": sglang_fl.dispatch.types,
     "ChipSdk": sglang_fl.dispatch.probes,
     "CollectiveGroup": sglang_fl.ops.collectives.group,
+    "DtypeSet": sglang_fl.collective_library,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
     "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
     "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,
+    "UnevenCalls": sglang_fl.collective_library,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,
 }

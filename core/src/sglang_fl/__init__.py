@@ -32,7 +32,7 @@ from .types import (
 from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ...: on first use
 
 if TYPE_CHECKING:
-    from .collective_library import ProcessGroupLibrary
+    from .collective_library import DtypeSet, ProcessGroupLibrary, UnevenCalls
     from .dispatch.registry import OpRegistry
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
@@ -47,6 +47,7 @@ __all__ = [
     "ChipSdk",
     "CollectiveGroup",
     "ConfigError",
+    "DtypeSet",
     "NoImplementationError",
     "OpImpl",
     "OpRegistry",
@@ -57,6 +58,7 @@ __all__ = [
     "SglangAttentionBackendOffer",
     "SglangFlError",
     "StrictModeError",
+    "UnevenCalls",
     "UnknownOpError",
     "Unsupported",
     "__version__",
