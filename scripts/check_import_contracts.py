@@ -23,6 +23,11 @@ LINT = "import sys; from importlinter.cli import lint_imports_command; lint_impo
 # (file in the copy, the import planted at its end, the contract it must break)
 PLANTED = (
     (
+        "core/src/sglang_fl/integrations/sglang/plugin.py",
+        "from .attention_backend import install as _planted",
+        "The SGLang entry point reaches the seams only through their installer",
+    ),
+    (
         "core/src/sglang_fl/integrations/sglang/attention_backend.py",
         "from .plugin import get_router as _planted",
         "SGLang integration: the entry point over the seams it hooks",

@@ -10,7 +10,7 @@ out-of-tree ones, and leaves SGLang's per-call switches alone: an explicit ``bac
 ``SGLANG_FORCE_FUSED_OP_BACKEND`` are honoured by ``BaseFusedOp.forward`` before the cached
 forward is consulted. Instances SGLang pinned in their ``__init__`` never resolve, so they keep
 SGLang's choice. The router itself and the process's one instance live in :mod:`.router`,
-which the attention backend reads too.
+which the attention backend reads too; the other seams are installed by :mod:`.seams`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ import os
 
 from ...dispatch_report import DispatchReport, ReportEvent
 from ...runtime import get_runtime
-from . import attention_backend
-from .collectives import route_collectives
 from .compat import RESOLVE_TARGET, find_sglang_api
-from .kernel_functions import route_kernel_functions
-from .linear_attention import route_linear_attention
 from .router import Router, get_router, keep_router
+from .seams import install_seams
 
 __all__ = ["Router", "get_router", "register"]
 
@@ -51,8 +48,5 @@ def _start() -> Router:
     report = DispatchReport(runtime.config.dispatch_log)
     router = Router(api, runtime, report)
     api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
-    route_kernel_functions(api, runtime, report)
-    attention_backend.install()
-    route_linear_attention(api, runtime, report)
-    route_collectives(api, runtime, report)
+    install_seams(api, runtime, report)
     return router

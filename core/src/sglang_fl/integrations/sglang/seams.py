@@ -1,0 +1,27 @@
+"""The SGLang seams sglang-fl hooks beside the fused-op resolution, installed in one call.
+
+The entry point (:mod:`.plugin`) builds the router and calls :func:`install_seams`; it never
+imports a seam itself (an import-linter contract keeps it so), so the entry point and the
+seams cannot grow an import loop again, and a new seam is one line here.
+"""
+
+from __future__ import annotations
+
+from ...dispatch_report import DispatchReport
+from ...runtime import Runtime
+from . import attention_backend
+from .collectives import route_collectives
+from .compat import SglangApi
+from .kernel_functions import route_kernel_functions
+from .linear_attention import route_linear_attention
+
+__all__ = ["install_seams"]
+
+
+def install_seams(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+    """Hook SGLang's kernel functions, register the ``sglang_fl`` attention backend, hook the
+    linear-attention kernels and the collectives (each reports what it routed)."""
+    route_kernel_functions(api, runtime, report)
+    attention_backend.install()
+    route_linear_attention(api, runtime, report)
+    route_collectives(api, runtime, report)
