@@ -329,7 +329,7 @@ class EnginePool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.current: Engine | None = None
-        self.starts: list[tuple[str, float]] = []  # (spec id, seconds to ready)
+        self._started = 0  # engines started so far: each gets a workdir of its own
         self._failed: dict[EngineSpec, str] = {}
         self._sites: dict[str, Path] = {}
         self._seen: set[EngineSpec] = set()
@@ -381,7 +381,8 @@ class EnginePool:
         return env
 
     def _start(self, spec: EngineSpec) -> Engine:
-        workdir = self.root / f"engine-{len(self.starts):02d}"
+        workdir = self.root / f"engine-{self._started:02d}"
+        self._started += 1
         workdir.mkdir(parents=True)
         env = self.environment(spec, workdir)
         config = {
@@ -391,8 +392,7 @@ class EnginePool:
         }
         output = workdir / "engine.log"
         read_end, write_end = os.pipe()
-        began = time.monotonic()
-        count_engine_start(spec.id)
+        start = count_engine_start(spec.id)
         with output.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -418,7 +418,7 @@ class EnginePool:
             engine.kill()
             raise AssertionError(f"engine {spec.id} did not start:\n{first['error']}")
         engine.pid = int(first["pid"])
-        self.starts.append((spec.id, time.monotonic() - began))
+        start.ready()
         return engine
 
 

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,29 @@ ENGINE_TIMEOUT_S = 600
 # machine reuses them (each builder stamps what it built and rebuilds on a mismatch).
 TEST_CACHE_ENV = "SGLANG_FL_TEST_CACHE"
 
-# Every SGLang engine or server this pytest process started (a name per start), for the
-# session's summary: engine starts are the end-to-end suite's main cost.
-ENGINE_STARTS: list[str] = []
+
+@dataclass
+class EngineStart:
+    """One SGLang engine or server this pytest process started, for the session's summary."""
+
+    what: str
+    began: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # to ready; None if it never became ready
+
+    def ready(self) -> None:
+        self.seconds = time.monotonic() - self.began
 
 
-def count_engine_start(what: str) -> None:
-    """Record one engine start (an ``sglang.Engine``, a server, a rank set) for the summary."""
-    ENGINE_STARTS.append(what)
+# Every start, in order: engine starts are the end-to-end suite's main cost.
+ENGINE_STARTS: list[EngineStart] = []
+
+
+def count_engine_start(what: str) -> EngineStart:
+    """Record one engine start (an ``sglang.Engine``, a server); call ``.ready()`` on it once the
+    engine serves, so the summary gives its start-up time."""
+    start = EngineStart(what)
+    ENGINE_STARTS.append(start)
+    return start
 
 
 def persistent_cache(*parts: str) -> Path:
@@ -80,30 +96,6 @@ def scheduler_layers(rows: list[dict[str, Any]], main_pid: int) -> dict[str, dic
     }
     assert schedulers, f"no record from an SGLang scheduler process in {rows}"
     return {r["layer"]: r for r in rows if r["event"] == "layer" and r["pid"] in schedulers}
-
-
-def run_engine(
-    model: Path, max_new_tokens: int, prompts: list[str], env: dict[str, str], *options: str
-) -> dict[str, Any]:
-    """Generate greedily with ``engine_run.py`` in a subprocess; returns its JSON result.
-
-    ``env`` is the engine's whole environment (see :func:`clean_env`), ``options`` go to
-    ``engine_run.py`` (``--dtype``, ``--chat``).
-    """
-    command = [sys.executable, str(HERE / "engine_run.py"), str(model), str(max_new_tokens)]
-    count_engine_start(f"engine_run.py {model.name}")
-    proc = subprocess.run(
-        [*command, *prompts, *options],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"engine failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def install_source(source: Path, root: Path) -> Path:
@@ -175,7 +167,7 @@ def launch_server(
         "--port", str(port),
         "--log-level", "warning",
     ]  # fmt: skip
-    count_engine_start(f"launch_server {model.name}")
+    start = count_engine_start(f"launch_server {model.name}")
     with output.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -184,6 +176,7 @@ def launch_server(
         try:
             try:
                 wait_healthy(f"{server.base_url}/health", proc, deadline_s=ENGINE_TIMEOUT_S)
+                start.ready()
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{server.tail()}") from None
             yield server
