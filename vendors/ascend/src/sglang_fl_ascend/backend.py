@@ -19,7 +19,7 @@ from types import ModuleType
 from sglang_fl.types import Availability, Backend, ChipSdk
 
 __all__ = [
-    "SGL_KERNEL_NPU_GATING",
+    "SGL_KERNEL_NPU",
     "TORCH_NPU",
     "AscendBackend",
     "AscendSoc",
@@ -156,14 +156,14 @@ TORCH_NPU = ChipSdk(
     no_device_hint=_no_npu_hint,
 )
 
-# sgl_kernel_npu's GDN gating module (Triton-Ascend kernels; the SGLang NPU path's own): it
-# imports torch_npu itself, so it is probed only once torch_npu's probe found an NPU.
-SGL_KERNEL_NPU_GATING = ChipSdk(
-    "sgl_kernel_npu.fla.fused_gdn_gating",
+# sgl_kernel_npu, the SGLang NPU path's own Triton-Ascend kernels: it imports torch_npu itself,
+# so it is probed only once torch_npu's probe found an NPU. Which of its functions a release
+# has, and in which form, is read per function (kernels.py).
+SGL_KERNEL_NPU = ChipSdk(
+    "sgl_kernel_npu",
     device="NPU",
     count_devices=_count_npus,
     devices_need_sdk=True,
-    requires=("fused_gdn_gating_npu",),
     no_device_hint=_no_npu_hint,
 )
 
@@ -181,7 +181,8 @@ class AscendBackend(Backend):
 
 class SglKernelNpuBackend(Backend):
     """The same vendor (``ascend``) for the operators of ``sgl_kernel_npu``: torch_npu's probe
-    first (its reason is the one a machine without an NPU shows), then the module's import."""
+    first (its reason is the one a machine without an NPU shows), then the package's import;
+    each function's form is checked at its first call (``kernels.py``)."""
 
     @property
     def name(self) -> str:
@@ -189,4 +190,4 @@ class SglKernelNpuBackend(Backend):
 
     def is_available(self) -> Availability:
         npu = TORCH_NPU.probe()
-        return SGL_KERNEL_NPU_GATING.probe() if npu else npu
+        return SGL_KERNEL_NPU.probe() if npu else npu
