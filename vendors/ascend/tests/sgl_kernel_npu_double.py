@@ -484,19 +484,332 @@ def _conv_fn_native(
     return result
 
 
+RECURRENT = f"{REPO}/fla/fused_sigmoid_gating_recurrent"
+CHUNK = f"{REPO}/fla/chunk.py"
+FUSED_CHUNK = f"{REPO}/fla/chunk_gated_delta_rule_npu.py"
+
+
+def _v_major(states: torch.Tensor, k_major: bool) -> torch.Tensor:
+    """A view of kernel-ordered states as the reference's ``[N, HV, V, K]`` (writes go through)."""
+    return states.transpose(-1, -2) if k_major else states
+
+
+class _Recurrent(_Submodule):
+    """The recurrent decode kernels' shared checks and math (core's reference, on the pool
+    viewed in the release's state order)."""
+
+    DECODE_SHAPES = Constraint(
+        "fused_sigmoid_gating_delta_rule_update(_decode)_npu",
+        "q/k [B, T, H, K], v [B, T, HV, V] with HV a multiple of H, a/b [B * T, HV], A_log and "
+        "dt_bias [HV], one state index per sequence (-1: none), each in the pool [N, HV, K, V] "
+        "before #747 ([N, HV, V, K] after), scale > 0",
+        f"{RECURRENT}.py:18-165 (h0_source + idx * HV * K * V + i_hv * K * V + o_k[:, None] * V "
+        "+ o_v: K-major; sgl-kernel-npu issue #640), :203-205 (assert scale > 0)",
+        "reads and writes outside the pool",
+    )
+
+    def __init__(self, name: str, calls: list[Call], *, k_major: bool) -> None:
+        super().__init__(name, calls)
+        self.k_major = k_major
+
+    def _run(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        (A_log, a, dt_bias, sb, st, q, k, v, b, pool, indices) = args
+        scale = kwargs.get("scale")
+        cu = kwargs.get("cu_seqlens")
+        batch, tokens, heads, dk = k.shape
+        heads_v, dv = v.shape[-2], v.shape[-1]
+        sequences = batch if cu is None else cu.numel() - 1
+        state_shape = (heads_v, dk, dv) if self.k_major else (heads_v, dv, dk)
+        self.DECODE_SHAPES.check(
+            q.shape == k.shape
+            and v.shape[:2] == k.shape[:2]
+            and heads_v % heads == 0
+            and a.shape == b.shape == (batch * tokens, heads_v)
+            and A_log.shape == dt_bias.shape == (heads_v,)
+            and tuple(pool.shape[1:]) == state_shape
+            and indices.numel() == sequences
+            and bool(((indices >= -1) & (indices < pool.shape[0])).all())
+            and (scale is None or scale > 0),
+            f"q {tuple(q.shape)}, v {tuple(v.shape)}, pool {tuple(pool.shape)}, indices "
+            f"{indices.tolist()}",
+        )
+        reference = get_contract("fused_sigmoid_gating_delta_rule_update").reference
+        o, _ = reference(
+            None, A_log, a, dt_bias, sb, st, q, k, v, b, _v_major(pool, self.k_major), indices,
+            scale, kwargs.get("use_qk_l2norm_in_kernel", False), cu,
+        )  # fmt: skip
+        result: torch.Tensor = o
+        return result
+
+
+class Recurrent(_Recurrent):
+    """``fla.fused_sigmoid_gating_recurrent``: the general decode kernel, two value heads per
+    program (``BHV = 2``)."""
+
+    DECODE_HEADS = Constraint(
+        "fused_sigmoid_gating_delta_rule_update_npu",
+        "an even number of value heads",
+        f"{RECURRENT}.py:207-209 (BHV = 2, NHV = HV // BHV, grid (NV, N, NHV))",
+        "leaves the last value head unwritten",
+    )
+
+    def __init__(self, calls: list[Call], *, k_major: bool) -> None:
+        super().__init__("fla.fused_sigmoid_gating_recurrent", calls, k_major=k_major)
+
+    def fused_sigmoid_gating_delta_rule_update_npu(
+        self,
+        A_log: torch.Tensor,
+        a: torch.Tensor,
+        dt_bias: torch.Tensor,
+        softplus_beta: float,
+        softplus_threshold: float,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        b: torch.Tensor,
+        initial_state_source: torch.Tensor,
+        initial_state_indices: torch.Tensor,
+        scale: float | None = None,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        is_kda: bool = False,
+    ) -> torch.Tensor:
+        args = (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                initial_state_source, initial_state_indices)  # fmt: skip
+        options = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
+                   "cu_seqlens": cu_seqlens}  # fmt: skip
+        self.record("fused_sigmoid_gating_delta_rule_update_npu", *args, **options)
+        self.DECODE_HEADS.check(v.shape[-2] % 2 == 0, f"{v.shape[-2]} value heads")
+        return self._run(*args, **options)
+
+
+class RecurrentDecode(_Recurrent):
+    """``fla.fused_sigmoid_gating_recurrent_decode_optimized`` (#740): one token per sequence,
+    ``o`` ``[N, HV, V]``."""
+
+    DECODE_ONE_TOKEN = Constraint(
+        "fused_sigmoid_gating_delta_rule_update_decode_npu",
+        "one token per sequence",
+        f"{RECURRENT}_decode_optimized.py:3 ('Specialized for the decode (T=1) path'), 238 "
+        "(o = q.new_empty(N, HV, V))",
+        "writes one token's output per sequence",
+    )
+
+    def __init__(self, calls: list[Call], *, k_major: bool) -> None:
+        super().__init__(
+            "fla.fused_sigmoid_gating_recurrent_decode_optimized", calls, k_major=k_major
+        )
+
+    def fused_sigmoid_gating_delta_rule_update_decode_npu(
+        self,
+        A_log: torch.Tensor,
+        a: torch.Tensor,
+        dt_bias: torch.Tensor,
+        softplus_beta: float,
+        softplus_threshold: float,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        b: torch.Tensor,
+        initial_state_source: torch.Tensor,
+        initial_state_indices: torch.Tensor,
+        scale: float | None = None,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        args = (A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b,
+                initial_state_source, initial_state_indices)  # fmt: skip
+        options = {"scale": scale, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
+                   "cu_seqlens": cu_seqlens}  # fmt: skip
+        self.record("fused_sigmoid_gating_delta_rule_update_decode_npu", *args, **options)
+        one = (
+            q.shape[1] == 1
+            if cu_seqlens is None
+            else bool((cu_seqlens[1:] - cu_seqlens[:-1] == 1).all())
+        )
+        self.DECODE_ONE_TOKEN.check(one, f"q {tuple(q.shape)}, cu_seqlens {cu_seqlens}")
+        o = self._run(*args, **options)
+        return o.reshape(-1, *o.shape[-2:])
+
+
+class Chunk(_Submodule):
+    """``fla.chunk`` before #747: the Triton chunked kernel, states K-major, on gathered
+    states (one per sequence), returning ``(o, final_state, h)``."""
+
+    CHUNK_DTYPES = Constraint(
+        "chunk_gated_delta_rule_npu (fla.chunk)",
+        "q, k and v of one dtype, not float32",
+        f"{CHUNK}:341-344 (assert q.dtype == k.dtype == v.dtype; 'does not support float32')",
+        "raises AssertionError",
+    )
+    CHUNK_SHAPES = Constraint(
+        "chunk_gated_delta_rule_npu (fla.chunk)",
+        "beta [B, T, HV]; with cu_seqlens a batch of 1 and one initial state [HV, K, V] per "
+        "sequence; K <= 256",
+        f"{CHUNK}:345-376 (beta 3-dim, 'The batch size is expected to be 1', 'The number of "
+        "initial states is expected to be equal to the number of input sequences'); "
+        "chunk_delta_h.py:240 (assert K <= 256), 241-244 (h [B, NT, H, K, V], final [N, H, K, V])",
+        "raises",
+    )
+
+    def __init__(self, calls: list[Call]) -> None:
+        super().__init__("fla.chunk", calls)
+
+    def chunk_gated_delta_rule_npu(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = True,
+        cu_seqlens: torch.Tensor | None = None,
+        head_first: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        self.record(
+            "chunk_gated_delta_rule_npu", q, k, v, g, beta, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, head_first=head_first,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )  # fmt: skip
+        if head_first or initial_state is None or cu_seqlens is None:
+            raise NotImplementedError("the test double models varlen calls with states only")
+        self.CHUNK_DTYPES.check(q.dtype == k.dtype == v.dtype != torch.float32, str(q.dtype))
+        batch, _, _, dk = k.shape
+        heads_v, dv = v.shape[-2], v.shape[-1]
+        self.CHUNK_SHAPES.check(
+            beta.dim() == 3
+            and batch == 1
+            and tuple(initial_state.shape) == (cu_seqlens.numel() - 1, heads_v, dk, dv)
+            and dk <= 256,
+            f"beta {tuple(beta.shape)}, q {tuple(q.shape)}, states {tuple(initial_state.shape)}",
+        )
+        states = initial_state.transpose(-1, -2).float().clone()
+        reference = get_contract("chunk_gated_delta_rule").reference
+        o, h, final = reference(
+            None, q, k, v, g, beta, scale, states, None, cu_seqlens, use_qk_l2norm_in_kernel
+        )
+        final_k_major = final.transpose(-1, -2).contiguous() if output_final_state else None
+        return o, final_k_major, h.transpose(-1, -2).contiguous()
+
+
+class FusedChunk(_Submodule):
+    """``fla.chunk_gated_delta_rule_npu`` (#747): ``torch.ops.npu.chunk_gated_delta_rule`` on
+    ``(T, N, D)`` rows, V-major states, the entering state of every chunk into ``chunk_state``."""
+
+    FUSED_DTYPES = Constraint(
+        "chunk_gated_delta_rule_npu (#747)",
+        "bfloat16 query/key/value/beta, float32 g, a bfloat16 initial_state (float32 on "
+        "Ascend 950) and chunk_state of its dtype",
+        f"{FUSED_CHUNK}:20-32 (the documented dtypes)",
+    )
+    FUSED_SHAPES = Constraint(
+        "chunk_gated_delta_rule_npu (#747)",
+        "query/key (T, Nk, Dk), value (T, Nv, Dv), beta/g (T, Nv), initial_state (B, Nv, Dv, "
+        "Dk), int32 actual_seq_lengths (B,) summing to T, chunk_state (sum ceil(len / 64), Nv, "
+        "Dv, Dk)",
+        f"{FUSED_CHUNK}:20-36 (the documented shapes)",
+    )
+
+    def __init__(self, calls: list[Call], *, soc_version: int) -> None:
+        super().__init__("fla.chunk_gated_delta_rule_npu", calls)
+        self.soc_version = soc_version
+
+    def chunk_gated_delta_rule_npu(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        beta: torch.Tensor | None = None,
+        initial_state: torch.Tensor | None = None,
+        actual_seq_lengths: torch.Tensor | None = None,
+        scale: float | None = None,
+        g: torch.Tensor | None = None,
+        chunk_state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.record(
+            "chunk_gated_delta_rule_npu", query, key, value, beta=beta,
+            initial_state=initial_state, actual_seq_lengths=actual_seq_lengths, scale=scale, g=g,
+            chunk_state=chunk_state,
+        )  # fmt: skip
+        if beta is None or g is None or initial_state is None or chunk_state is None:
+            raise NotImplementedError("the test double models gated calls with states only")
+        assert actual_seq_lengths is not None
+        bf16 = torch.bfloat16
+        state_dtypes = (bf16, torch.float32) if self.soc_version >= 260 else (bf16,)
+        self.FUSED_DTYPES.check(
+            query.dtype == key.dtype == value.dtype == beta.dtype == bf16
+            and g.dtype == torch.float32
+            and initial_state.dtype in state_dtypes
+            and chunk_state.dtype == initial_state.dtype,
+            f"{query.dtype}/{beta.dtype}/{g.dtype}/{initial_state.dtype}/{chunk_state.dtype}",
+        )
+        lengths = actual_seq_lengths.tolist()
+        tokens, heads_v, dv, dk = query.shape[0], value.shape[1], value.shape[2], key.shape[2]
+        chunks = sum(-(-n // 64) for n in lengths)
+        self.FUSED_SHAPES.check(
+            actual_seq_lengths.dtype == torch.int32
+            and sum(lengths) == tokens
+            and key.shape == query.shape
+            and value.shape[0] == tokens
+            and beta.shape == g.shape == (tokens, heads_v)
+            and tuple(initial_state.shape) == (len(lengths), heads_v, dv, dk)
+            and tuple(chunk_state.shape) == (chunks, heads_v, dv, dk),
+            f"lengths {lengths}, query {tuple(query.shape)}, states {tuple(initial_state.shape)}, "
+            f"chunk_state {tuple(chunk_state.shape)}",
+        )
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        states = initial_state.float().clone()
+        reference = get_contract("chunk_gated_delta_rule").reference
+        o, h, final = reference(
+            None, query[None], key[None], value[None], g[None], beta[None].float(), scale,
+            states, None, cu, False,
+        )  # fmt: skip
+        chunk_state.copy_(h[0])
+        return o[0], final.to(initial_state.dtype)
+
+
 class SglKernelNpuDouble(SdkDouble):
     """``sgl_kernel_npu`` with its GDN submodules (:attr:`submodules`, by full name), one
-    release: ``gating`` is ``"with-sigmoid"`` (main), ``"flat"`` (#747's ``[B, HV]`` g) or
+    release: ``release="main"`` (f425bdf1: K-major delta-rule states, the Triton chunked
+    kernel) or ``"unified"`` (sgl-kernel-npu #747 and #740: V-major states, the fused chunked
+    operator, the decode-optimised kernel; ``soc_version`` says whether its states may be
+    float32); ``gating`` is ``"with-sigmoid"`` (main), ``"flat"`` (#747's ``[B, HV]`` g) or
     ``"g-only"`` (the release without ``b``); ``missing`` names functions left out."""
 
-    def __init__(self, *, gating: str = "with-sigmoid", missing: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        release: str = "main",
+        gating: str = "with-sigmoid",
+        soc_version: int = 220,
+        missing: tuple[str, ...] = (),
+    ) -> None:
         super().__init__("sgl_kernel_npu")
         gate = (
             FusedGdnGatingWithoutB(self.calls)
             if gating == "g-only"
             else FusedGdnGating(self.calls, flat_g=gating == "flat")
         )
-        modules = (gate, FlaUtils(self.calls), LayernormGated(self.calls), CausalConv1d(self.calls))
+        unified = release == "unified"
+        modules: list[_Submodule] = [
+            gate,
+            FlaUtils(self.calls),
+            LayernormGated(self.calls),
+            CausalConv1d(self.calls),
+            Recurrent(self.calls, k_major=not unified),
+        ]
+        if unified:
+            modules += [
+                RecurrentDecode(self.calls, k_major=False),
+                FusedChunk(self.calls, soc_version=soc_version),
+            ]
+        else:
+            modules.append(Chunk(self.calls))
         self.submodules = {module.__name__: module for module in modules}
         for name in missing:
             for module in modules:

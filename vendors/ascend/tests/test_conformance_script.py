@@ -80,6 +80,8 @@ def test_every_case_passes_or_is_declined(
         "fused_qkvzba_split_reshape_cat_contiguous",
         "rms_norm_gated",
         "causal_conv1d_update",
+        "fused_sigmoid_gating_delta_rule_update",
+        "chunk_gated_delta_rule",
     }
     assert "extend_attention" in {r.op for r in declined}
     assert {"rotary_embedding", "mrotary_embedding"} <= {r.op for r in declined}

@@ -15,20 +15,25 @@ import pytest
 import torch
 from sgl_kernel_npu_double import (
     CausalConv1d,
+    Chunk,
     FlaUtils,
+    FusedChunk,
     FusedGdnGating,
     LayernormGated,
+    Recurrent,
+    RecurrentDecode,
     SglKernelNpuDouble,
     install_sgl_kernel_npu,
 )
 from sglang_fl_ascend import plugin
-from sglang_fl_ascend.backend import SGL_KERNEL_NPU, SglKernelNpuBackend
+from sglang_fl_ascend.backend import SGL_KERNEL_NPU, TORCH_NPU, SglKernelNpuBackend
 from sglang_fl_ascend.impl import linear_attention as gdn
+from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
 from sglang_fl.ops import OpCase, get_contract
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
-from sglang_fl.testing.doubles import constraint_tests
+from sglang_fl.testing.doubles import constraint_tests, install_double
 from sglang_fl.testing.vendor import VendorSuite
 
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
@@ -68,6 +73,16 @@ def declined(op: str, p: Mapping[str, Any]) -> bool:
     return False
 
 
+def declined_before_747(op: str, p: Mapping[str, Any], dtype: torch.dtype) -> bool:
+    """The delta rule on main's kernels: two value heads per decode program, no float32
+    chunked prefill."""
+    if op == "fused_sigmoid_gating_delta_rule_update":
+        return p["heads"][1] % 2 == 1
+    if op == "chunk_gated_delta_rule":
+        return dtype == torch.float32
+    return declined(op, p)
+
+
 def calls(op: str, p: Mapping[str, Any]) -> int:
     """Kernel calls of a served case: none for an empty one; the prefill conv one per group of
     sequences (continuing a state, starting afresh) that has live sequences."""
@@ -85,9 +100,38 @@ def test_contract_case(
     sgl_kernel_npu: SglKernelNpuDouble, op: str, case: OpCase, dtype: torch.dtype
 ) -> None:
     outcome = check_case(SUITE.implementations[op], case, dtype)
-    expected = SKIPPED if declined(op, case.params) else PASSED
+    expected = SKIPPED if declined_before_747(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
     assert len(sgl_kernel_npu.calls) == (calls(op, case.params) if expected == PASSED else 0)
+
+
+DELTA_RULE = ("fused_sigmoid_gating_delta_rule_update", "chunk_gated_delta_rule")
+DELTA_CASES = [p for p in CASES if p.values[0] in DELTA_RULE]
+
+
+@pytest.mark.parametrize(("op", "case", "dtype"), DELTA_CASES)
+def test_the_delta_rule_on_the_unified_release(
+    monkeypatch: pytest.MonkeyPatch, op: str, case: OpCase, dtype: torch.dtype
+) -> None:
+    """sgl-kernel-npu #747/#740 on an Ascend 950 (float32 states): the decode-optimised kernel
+    for one token per sequence, the fused chunked operator (bfloat16, L2-normalised q/k)."""
+    install_double(monkeypatch, TorchNpuDouble(soc_version=260), TORCH_NPU)
+    double = install_sgl_kernel_npu(
+        monkeypatch, SglKernelNpuDouble(release="unified", soc_version=260)
+    )
+    outcome = check_case(SUITE.implementations[op], case, dtype)
+    p = case.params
+    if op == "chunk_gated_delta_rule":
+        refused = dtype != torch.bfloat16 or not p.get("l2norm", True)
+    else:
+        refused = p["heads"][1] % 2 == 1 and any(n != 1 for n in p["lens"])
+    assert outcome.status == (SKIPPED if refused else PASSED), outcome.message
+    live = any(p["lens"])
+    assert len(double.calls) == int(live and not refused)
+    if live and not refused and op != "chunk_gated_delta_rule":
+        one_token = all(n == 1 for n in p["lens"])
+        expected = "_decode_npu" if one_token else "_update_npu"
+        assert double.calls[0].name.endswith(expected)
 
 
 GATING_CASES = [p for p in CASES if p.values[0] == "fused_gdn_gating"]
@@ -310,6 +354,83 @@ def test_a_mixed_call_would_misplace_the_fresh_final_state() -> None:
     assert not torch.allclose(pool[1], expected_pool[1])  # the fresh one is not
 
 
+def decode_inputs(heads_v: int = 2, pool: int = 5) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(2, 1, 3, 1, 8, generator=g)
+    v = torch.randn(1, 3, heads_v, 4, generator=g)
+    a, b = torch.randn(2, 3, heads_v, generator=g)
+    states = torch.randn(pool, heads_v, 4, 8, generator=g)
+    indices = torch.tensor([3, -1, 0], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    A_log, dt_bias = torch.rand(heads_v), torch.randn(heads_v)
+    return (A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, states, indices), {"cu_seqlens": cu}
+
+
+def test_before_747_the_kernel_gets_live_states_k_major(
+    sgl_kernel_npu: SglKernelNpuDouble,
+) -> None:
+    """main's kernel reads the pool K-major (sgl-kernel-npu issue #640): the live rows go to it
+    transposed, padding stays -1, and the results come back V-major into their slots."""
+    args, kwargs = decode_inputs()
+    pool = args[9]
+    expected_pool = pool.clone()
+    reference = get_contract("fused_sigmoid_gating_delta_rule_update").reference
+    expected, _ = reference(None, *args[:9], expected_pool, args[10], **kwargs)
+    out, _ = gdn.fused_sigmoid_gating_delta_rule_update(None, *args, **kwargs)
+    (call,) = sgl_kernel_npu.calls
+    handed, local = call.args[9], call.args[10]
+    assert handed.shape == (2, 2, 8, 4)  # [live, HV, K, V]
+    assert local.tolist() == [0, -1, 1]
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(pool, expected_pool)
+
+
+def test_from_747_the_kernel_updates_the_pool_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    double = install_sgl_kernel_npu(monkeypatch, SglKernelNpuDouble(release="unified"))
+    args, kwargs = decode_inputs()
+    gdn.fused_sigmoid_gating_delta_rule_update(None, *args, **kwargs)
+    (call,) = double.calls
+    assert call.name == "fused_sigmoid_gating_delta_rule_update_decode_npu"
+    assert call.args[9] is args[9]
+    assert gdn.state_order() is gdn.StateOrder.V_MAJOR
+
+
+def test_main_s_decode_kernel_declines_an_odd_number_of_value_heads(
+    sgl_kernel_npu: SglKernelNpuDouble,
+) -> None:
+    args, kwargs = decode_inputs(heads_v=3)
+    with pytest.raises(Unsupported, match=r"two value heads per program .*last of 3"):
+        gdn.fused_sigmoid_gating_delta_rule_update(None, *args, **kwargs)
+    assert sgl_kernel_npu.calls == []
+    assert gdn.state_order() is gdn.StateOrder.K_MAJOR
+
+
+def test_the_fused_chunked_operator_takes_bfloat16_states_on_a2(
+    monkeypatch: pytest.MonkeyPatch, torch_npu: TorchNpuDouble
+) -> None:
+    double = install_sgl_kernel_npu(monkeypatch, SglKernelNpuDouble(release="unified"))
+    contract = get_contract("chunk_gated_delta_rule")
+    case = next(c for c in contract.cases if c.params["lens"] == (7, 0, 33))
+    inputs = contract.make_inputs(case, torch.bfloat16, torch.device("cpu"), torch.Generator())
+    with pytest.raises(
+        Unsupported,
+        match=r"bfloat16 state \(float32 on Ascend 950\), not "
+        r"torch.float32 on torch_npu .* Atlas A2",
+    ):
+        gdn.chunk_gated_delta_rule(None, *inputs.args, **inputs.kwargs)
+    pool = inputs.kwargs["initial_state"].bfloat16()
+    kwargs = {**inputs.kwargs, "initial_state": pool}
+    expected_pool = pool.float().clone()
+    expected = contract.reference(None, *inputs.args, **{**kwargs, "initial_state": expected_pool})
+    o, h, states = gdn.chunk_gated_delta_rule(None, *inputs.args, **kwargs)
+    (call,) = double.calls
+    assert call.kwargs["actual_seq_lengths"].tolist() == [7, 33]  # the empty one left out
+    assert call.kwargs["chunk_state"].shape[0] == 1 + 1
+    torch.testing.assert_close(o, expected[0], atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(h.float(), expected[1].float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(states.float(), expected_pool, atol=3e-2, rtol=3e-2)
+
+
 def test_without_torch_npu_the_reason_is_torch_npu_s() -> None:
     """sgl_kernel_npu is not even imported without an NPU: torch_npu's probe answers."""
     availability = SglKernelNpuBackend().is_available()
@@ -446,6 +567,111 @@ test_conv_valid, test_conv_rejects, test_conv_constraints_covered = _tests(
             IDX,
             torch.tensor([True, False]),
             conv_pool(2)[0],
+        ),
+    },
+)
+
+R = Recurrent
+DEC = (torch.rand(2), torch.randn(3, 2), torch.randn(2), 1.0, 20.0)
+QKV = (torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 2, 4))
+CU3 = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+
+
+def recurrent(d: Any, heads_v: int = 2, *, k_major: bool = True, **options: Any) -> Any:
+    v = torch.randn(1, 3, heads_v, 4)
+    states = (4, heads_v, 8, 4) if k_major else (4, heads_v, 4, 8)
+    args = (
+        torch.rand(heads_v),
+        torch.randn(3, heads_v),
+        torch.randn(heads_v),
+        1.0,
+        20.0,
+        *QKV[:2],
+        v,
+        torch.randn(3, heads_v),
+        torch.randn(*states),
+        torch.tensor([0, -1, 3], dtype=torch.int32),
+    )
+    return d(*args, **{"cu_seqlens": CU3, **options})
+
+
+test_recurrent_valid, test_recurrent_rejects, test_recurrent_constraints_covered = _tests(
+    lambda: R([], k_major=True),
+    [lambda d: recurrent(d.fused_sigmoid_gating_delta_rule_update_npu)],
+    {
+        R.DECODE_HEADS: lambda d: recurrent(d.fused_sigmoid_gating_delta_rule_update_npu, 3),
+        R.DECODE_SHAPES: lambda d: recurrent(
+            d.fused_sigmoid_gating_delta_rule_update_npu, scale=-1.0
+        ),
+    },
+)
+
+RD = RecurrentDecode
+test_decode_valid, test_decode_rejects, test_decode_constraints_covered = _tests(
+    lambda: RD([], k_major=False),
+    [lambda d: recurrent(d.fused_sigmoid_gating_delta_rule_update_decode_npu, 3, k_major=False)],
+    {
+        RD.DECODE_ONE_TOKEN: lambda d: recurrent(
+            d.fused_sigmoid_gating_delta_rule_update_decode_npu,
+            k_major=False,
+            cu_seqlens=torch.tensor([0, 2, 3, 3], dtype=torch.int32),
+        ),
+        RD.DECODE_SHAPES: lambda d: recurrent(
+            d.fused_sigmoid_gating_delta_rule_update_decode_npu, k_major=False, scale=0.0
+        ),
+    },
+)
+
+
+def chunk(d: Any, dtype: torch.dtype = torch.bfloat16, **options: Any) -> Any:
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 9, 2, 8, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(1, 9, 2, 4, generator=g).to(dtype)
+    gates, beta = -torch.rand(1, 9, 2, generator=g), torch.rand(1, 9, 2, generator=g)
+    args = {
+        "initial_state": torch.zeros(2, 2, 8, 4),
+        "cu_seqlens": torch.tensor([0, 4, 9]),
+        **options,
+    }
+    return d.chunk_gated_delta_rule_npu(q, k, v, gates, beta, **args)
+
+
+test_chunk_valid, test_chunk_rejects, test_chunk_constraints_covered = _tests(
+    lambda: Chunk([]),
+    [chunk],
+    {
+        Chunk.CHUNK_DTYPES: lambda d: chunk(d, torch.float32),
+        Chunk.CHUNK_SHAPES: lambda d: chunk(d, initial_state=torch.zeros(3, 2, 8, 4)),
+    },
+)
+
+
+def fused(d: Any, state_dtype: torch.dtype = torch.bfloat16, **options: Any) -> Any:
+    g = torch.Generator().manual_seed(6)
+    bf = torch.bfloat16
+    query, key = (torch.randn(9, 2, 8, generator=g).to(bf) for _ in range(2))
+    args = {
+        "beta": torch.rand(9, 2, generator=g).to(bf),
+        "initial_state": torch.zeros(2, 2, 4, 8, dtype=state_dtype),
+        "actual_seq_lengths": torch.tensor([4, 5], dtype=torch.int32),
+        "scale": 0.3,
+        "g": -torch.rand(9, 2, generator=g),
+        "chunk_state": torch.zeros(2, 2, 4, 8, dtype=state_dtype),
+        **options,
+    }
+    return d.chunk_gated_delta_rule_npu(query, key, torch.randn(9, 2, 4).to(bf), **args)
+
+
+test_fused_valid, test_fused_rejects, test_fused_constraints_covered = _tests(
+    lambda: FusedChunk([], soc_version=220),
+    [
+        fused,
+        lambda _: fused(FusedChunk([], soc_version=260), torch.float32),  # Ascend 950
+    ],
+    {
+        FusedChunk.FUSED_DTYPES: lambda d: fused(d, torch.float32),
+        FusedChunk.FUSED_SHAPES: lambda d: fused(
+            d, actual_seq_lengths=torch.tensor([4, 4], dtype=torch.int32)
         ),
     },
 )

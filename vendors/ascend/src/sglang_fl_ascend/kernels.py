@@ -122,6 +122,15 @@ def _submodule(package: ModuleType, module: str) -> ModuleType | str:
         return f"{name} does not import ({type(error).__name__}: {error})"
 
 
+_MODULES: dict[str, tuple[ModuleType, bool]] = {}
+
+
 def has_module(module: str) -> bool:
-    """Whether the installed sgl_kernel_npu has ``sgl_kernel_npu.<module>``."""
-    return not isinstance(_submodule(SGL_KERNEL_NPU.require(), module), str)
+    """Whether the installed sgl_kernel_npu has ``sgl_kernel_npu.<module>`` (read once per
+    loaded package: a failed import is not retried on every call)."""
+    package = SGL_KERNEL_NPU.require()
+    cached = _MODULES.get(module)
+    if cached is None or cached[0] is not package:
+        cached = (package, not isinstance(_submodule(package, module), str))
+        _MODULES[module] = cached
+    return cached[1]
