@@ -340,12 +340,8 @@ class AttentionOperators(SdkDouble):
         self.PAGED_BATCH.check(tokens > 0, "0 tokens")
         lengths = context_lens.tolist()
         self.PAGED_LENGTHS.check(
-            all(0 < n <= block_table.shape[1] * block_size for n in lengths)
-            and all(
-                0 <= int(block) < key_cache.shape[0]
-                for b, n in enumerate(lengths)
-                for block in block_table[b, : -(-n // block_size)].tolist()
-            ),
+            all(n > 0 for n in lengths)
+            and _inside(block_table, lengths, block_size, key_cache.shape[0]),
             f"{lengths} over block_table {tuple(block_table.shape)}",
         )
         for b, n in enumerate(lengths):
@@ -461,12 +457,7 @@ class AttentionOperators(SdkDouble):
         self.FIA_SEQ_KV.check(
             lens_kv is not None
             and len(lens_kv) == batch
-            and all(0 <= n <= block_table.shape[1] * block_size for n in lens_kv)
-            and all(
-                0 <= int(block) < key.shape[0]
-                for b, n in enumerate(lens_kv)
-                for block in block_table[b, : -(-n // block_size)].tolist()
-            ),
+            and _inside(block_table, lens_kv, block_size, key.shape[0]),
             f"{lens_kv} over block_table {tuple(block_table.shape)}",
         )
         assert lens_kv is not None
@@ -526,6 +517,15 @@ class AttentionOperators(SdkDouble):
             else (*query.shape[:-1], dv)
         )
         return out.view(shape), query.new_zeros(1)
+
+
+def _inside(table: torch.Tensor, lengths: list[int], block_size: int, blocks: int) -> bool:
+    """Whether each request's tokens fit its ``table`` row and the blocks they use exist."""
+    return all(0 <= n <= table.shape[1] * block_size for n in lengths) and all(
+        0 <= int(block) < blocks
+        for b, n in enumerate(lengths)
+        for block in table[b, : -(-n // block_size)].tolist()
+    )
 
 
 def _attend(

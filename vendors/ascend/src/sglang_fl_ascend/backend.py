@@ -89,9 +89,14 @@ class NpuPlatform:
         return self.release is not None and self.release >= DIFFERING_HEAD_DIMS_SINCE
 
     @property
+    def a2_or_a3(self) -> bool:
+        """Whether the SoC is an Atlas A2 or A3: what several operators are limited to."""
+        return self.soc in (AscendSoc.A2, AscendSoc.A3)
+
+    @property
     def bf16_gelu(self) -> bool:
         """Whether npu_gelu/npu_fast_gelu/npu_geglu take bfloat16 (A2/A3 only, per their pages)."""
-        return self.soc in (AscendSoc.A2, AscendSoc.A3)
+        return self.a2_or_a3
 
     def describe(self) -> str:
         soc = f"{self.soc.value} (SoC {self.soc_version})" if self.soc_version else self.soc.value

@@ -41,7 +41,7 @@ from sglang_fl.ops.attention import NO_WINDOW
 from sglang_fl.ops.attention.paging import cumulative_lengths, page_table, paged_cache
 from sglang_fl.types import Unsupported
 
-from ..backend import TORCH_NPU, AscendSoc, platform
+from ..backend import TORCH_NPU, platform
 
 __all__ = ["decode_attention", "extend_attention", "store_kv_cache"]
 
@@ -226,7 +226,7 @@ def _paged_declines(
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return f"{_PA}: contiguous ND caches (ATB tensors carry no strides)"
     found = platform()
-    if found.soc not in (AscendSoc.A2, AscendSoc.A3):
+    if not found.a2_or_a3:
         return (
             f"{_PA}: ND caches [num_blocks, block_size, kv_heads, head_size] on Atlas A2/A3 "
             f"only (Atlas 300I/310P takes NZ caches), not {found.describe()}"
