@@ -1,11 +1,11 @@
-"""Fixtures: the ``torch_npu`` test double and the double of sgl_kernel_npu's GDN gating
-module, each installed for one test and removed after it."""
+"""Fixtures: the ``torch_npu`` test double and the ``sgl_kernel_npu`` double (the package and
+its GDN submodules), each installed for one test and removed after it."""
 
 from __future__ import annotations
 
 import pytest
-from sgl_kernel_npu_double import SglKernelNpuGatingDouble
-from sglang_fl_ascend.backend import SGL_KERNEL_NPU_GATING, TORCH_NPU
+from sgl_kernel_npu_double import SglKernelNpuDouble, install_sgl_kernel_npu
+from sglang_fl_ascend.backend import TORCH_NPU
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.testing.doubles import install_double
@@ -18,6 +18,6 @@ def torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
 
 
 @pytest.fixture
-def sgl_kernel_npu_gating(monkeypatch: pytest.MonkeyPatch) -> SglKernelNpuGatingDouble:
-    """A fresh double as ``sgl_kernel_npu.fla.fused_gdn_gating`` (the GDN gating adapter's)."""
-    return install_double(monkeypatch, SglKernelNpuGatingDouble(), SGL_KERNEL_NPU_GATING)
+def sgl_kernel_npu(monkeypatch: pytest.MonkeyPatch) -> SglKernelNpuDouble:
+    """A fresh double of sgl_kernel_npu's main release as the GDN adapters' package."""
+    return install_sgl_kernel_npu(monkeypatch, SglKernelNpuDouble())

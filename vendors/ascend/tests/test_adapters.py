@@ -561,6 +561,17 @@ def test_the_platform_is_read_from_torch_npu(torch_npu: TorchNpuDouble) -> None:
     )
     assert found.general_gating
     assert found.bf16_gelu
+    assert found.store_differing_head_dims  # 2.7.1: a CANN 8.0.RC3+ pairing
+    assert not found.fia_decode  # ASCEND_USE_FIA unset: PagedAttention first, as SGLang
+
+
+@pytest.mark.parametrize(("value", "first"), [("1", True), ("True", True), ("0", False)])
+def test_ascend_use_fia_is_read_as_sglang_reads_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, first: bool
+) -> None:
+    monkeypatch.setenv("ASCEND_USE_FIA", value)
+    install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
+    assert backend.platform().fia_decode is first
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """The torch_npu attention adapters against the ``torch_npu`` double (no NPU, no torch-npu).
 
 Every case and dtype of ``store_kv_cache``, ``decode_attention`` and ``extend_attention`` runs
-through core's conformance check; the contracts' page sizes (1, 4, 16) are below the fused
-operator's prefill block size (multiples of 128), so extend is also checked against the
-reference at SGLang's NPU page size, 128. Then the calls themselves and every refusal, each
-before any operator call.
+through core's conformance check; the contracts' page sizes (1, 4, 16) sit below BSND's prefill
+block size (multiples of 128), so extend is also checked against the reference at SGLang's NPU
+page size, 128, in TND (head size 128) and per request in BSND (head size 64). Then the calls
+themselves (PagedAttention and FIA decode, TND and BSND extend) and every refusal, each before
+any operator call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from sglang_fl_ascend import plugin
+from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
 from torch_npu_double import TorchNpuDouble
 
@@ -24,34 +26,50 @@ from sglang_fl.ops.attention import attention_layer
 from sglang_fl.ops.attention.cases import Option
 from sglang_fl.ops.attention.common import build_pool
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
+from sglang_fl.testing.doubles import install_double
 from sglang_fl.testing.vendor import VendorSuite
 
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
 IMPLS = SUITE.implementations
 ATTENTION = ("store_kv_cache", "decode_attention", "extend_attention")
 CASES = [param for param in SUITE.contract_cases() if param.values[0] in ATTENTION]
+TND = {(128, 128), (192, 128), (192, 192)}
+BF16 = {"atol": 1.6e-2, "rtol": 1.6e-2}
+
+
+def tnd(p: Mapping[str, Any]) -> bool:
+    """FIA's TND on A2/A3: those head sizes, blocks in multiples of 16 up to 1024."""
+    return (p["head_dim"], p["v_head_dim"]) in TND and p["page_size"] % 16 == 0
 
 
 def declined(op: str, p: Mapping[str, Any], dtype: torch.dtype) -> bool:
-    """float16/bfloat16 only; the fused operator has no soft-cap, no window with one query
-    token, one head dim for key and value, decode blocks 16-aligned, prefill blocks 128..512."""
+    """float16/bfloat16 only; no soft-cap in either operator. Decode: PagedAttention takes
+    16-aligned blocks up to 128 and any head sizes, FIA one head size for key and value.
+    Extend: TND, else per request in BSND (one head size; blocks of 128..512 in multiples of
+    128 when a request has several new tokens)."""
     if dtype == torch.float32:
         return True
     if op == "store_kv_cache":
         return False
-    if op == "extend_attention":
-        return True  # page sizes 1, 4, 16: no multiple of 128
-    return bool(
-        p["v_head_dim"] != p["head_dim"]
-        or p["option"] in (Option.SOFTCAP, Option.WINDOW)
-        or p["page_size"] % 16
-    )
+    if p["option"] is Option.SOFTCAP:
+        return True
+    one_head_dim = p["v_head_dim"] == p["head_dim"]
+    if op == "decode_attention":
+        return not one_head_dim and p["page_size"] % 16 != 0
+    if tnd(p):
+        return False
+    several = any(ext > 1 for _, ext in p["batch"])
+    return not one_head_dim or (several and p["page_size"] % 128 != 0)
 
 
-def requests(op: str, p: Mapping[str, Any]) -> int:
+def operator_calls(op: str, p: Mapping[str, Any]) -> int:
+    """Operator calls of a served call: one, or in BSND one per request with new tokens."""
     if op == "store_kv_cache":
-        return int(p["tokens"])
-    return len(p["seq_lens"] if op == "decode_attention" else p["batch"])
+        return int(p["tokens"] > 0)
+    if op == "decode_attention":
+        return int(len(p["seq_lens"]) > 0)
+    requests = sum(1 for _, ext in p["batch"] if ext)
+    return min(requests, 1) if tnd(p) else requests
 
 
 def test_the_attention_cases_are_all_collected() -> None:
@@ -65,8 +83,9 @@ def test_contract_case(
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    # One operator call per served non-empty call; none for a declined or an empty one.
-    assert len(torch_npu.calls) == int(expected == PASSED and requests(op, case.params) > 0)
+    # None for a declined or an empty call.
+    served = operator_calls(op, case.params) if expected == PASSED else 0
+    assert len(torch_npu.calls) == served
 
 
 def pool(
@@ -96,56 +115,175 @@ def pool(
     return q, kv.k_cache, kv.v_cache, kv.req_to_token, kv.req_pool_indices, kv.seq_lens
 
 
+# -- extend ---------------------------------------------------------------------------------------
+
 EXTEND_LAYERS = {
     "causal": attention_layer(scaling=0.125),
     "window": attention_layer(scaling=0.125, sliding_window_size=40),
     "noncausal": attention_layer(scaling=0.3, is_causal=False),
 }
+# A prefill, a radix hit over two pages and a one-token extend, in blocks of 128.
+NPU_BATCH = ((0, 70), (150, 30), (200, 1))
+BAND = {"causal": (3, 2147483647), "window": (4, 40), "noncausal": (0, 2147483647)}
 
 
-@pytest.mark.parametrize("kind", EXTEND_LAYERS)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_extend_at_npu_page_size_matches_the_reference(
-    torch_npu: TorchNpuDouble, kind: str, dtype: torch.dtype
-) -> None:
-    """A prefill, a radix hit over two pages and a one-token extend, in blocks of 128."""
-    batch = ((0, 70), (150, 30), (200, 1))
-    seq_lens = tuple(pre + ext for pre, ext in batch)
-    q, k_cache, v_cache, req_to_token, rows, lens = pool(
-        seq_lens, page_size=128, tokens=101, dtype=dtype
+def extend_at_npu_page_size(
+    layer: Any, dtype: torch.dtype, head_dim: int, v_head_dim: int | None = None
+) -> tuple[torch.Tensor, tuple[Any, ...]]:
+    """``extend_attention`` at page size 128 checked against the reference; its arguments."""
+    seq_lens = tuple(pre + ext for pre, ext in NPU_BATCH)
+    args6 = pool(
+        seq_lens,
+        page_size=128,
+        tokens=101,
+        dtype=dtype,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim or head_dim,
     )
-    prefix = torch.tensor([pre for pre, _ in batch], dtype=torch.int32)
-    extend = torch.tensor([ext for _, ext in batch], dtype=torch.int32)
-    layer = EXTEND_LAYERS[kind]
-    args = (q, k_cache, v_cache, req_to_token, rows, lens, prefix, extend, 128)
+    prefix = torch.tensor([pre for pre, _ in NPU_BATCH], dtype=torch.int32)
+    extend = torch.tensor([ext for _, ext in NPU_BATCH], dtype=torch.int32)
+    args = (*args6, prefix, extend, 128)
     out = extend_attention(layer, *args)
     expected = STANDARD_OPS["extend_attention"].reference(layer, *args)
     tolerance = STANDARD_OPS["extend_attention"].tolerance(dtype)
     torch.testing.assert_close(out, expected, atol=tolerance.atol, rtol=tolerance.rtol)
+    return out, args
+
+
+@pytest.mark.parametrize("kind", EXTEND_LAYERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tnd_extend_at_npu_page_size_matches_the_reference(
+    torch_npu: TorchNpuDouble, kind: str, dtype: torch.dtype
+) -> None:
+    """Head size 128: one TND call for the whole batch."""
+    _, (q, k_cache, *_) = extend_at_npu_page_size(EXTEND_LAYERS[kind], dtype, 128)
     ((name, (query, key, _), kw),) = torch_npu.calls
     assert name == "npu_fused_infer_attention_score"
     assert query.is_contiguous()  # the strided q, packed
     assert torch.equal(query, q)
-    assert key.shape == (k_cache.shape[0] // 128, 128, 2 * 64)
+    assert key.shape == (k_cache.shape[0] // 128, 128, 2 * 128)
     assert key.data_ptr() == k_cache.data_ptr()
     assert kw["input_layout"] == "TND"
     assert kw["actual_seq_lengths"] == [70, 100, 101]
     assert kw["actual_seq_lengths_kv"] == [70, 180, 201]
     assert kw["block_table"].dtype == torch.int32
-    assert (kw["sparse_mode"], kw["pre_tokens"]) == {
-        "causal": (3, 2147483647),
-        "window": (4, 40),
-        "noncausal": (0, 2147483647),
-    }[kind]
+    assert (kw["sparse_mode"], kw["pre_tokens"]) == BAND[kind]
     assert (kw["atten_mask"] is None) is (kind == "noncausal")
 
 
-def test_decode_calls_the_bsh_page_attention(torch_npu: TorchNpuDouble) -> None:
-    q, k_cache, v_cache, req_to_token, rows, lens = pool((5, 40), page_size=16)
-    out = decode_attention(
-        attention_layer(scaling=0.2), q, k_cache, v_cache, req_to_token, rows, lens, 16
+@pytest.mark.parametrize("kind", EXTEND_LAYERS)
+def test_bsnd_extend_per_request_where_tnd_does_not_hold(
+    torch_npu: TorchNpuDouble, kind: str
+) -> None:
+    """Head size 64 (Llama-3.2-1B): TND needs 128 (or 192) on A2/A3, so each request runs
+    alone in BSND, as SGLang's forward_extend does when _can_use_tnd is false."""
+    layer = EXTEND_LAYERS[kind]
+    _, (q, *_) = extend_at_npu_page_size(layer, torch.bfloat16, 64)
+    calls = torch_npu.calls
+    assert [call.kwargs["input_layout"] for call in calls] == ["BSND"] * 3
+    assert [call.kwargs["actual_seq_lengths"] for call in calls] == [[70], [30], [1]]
+    assert [call.kwargs["actual_seq_lengths_kv"] for call in calls] == [[70], [180], [201]]
+    query = calls[1].args[0]
+    assert query.shape == (1, 30, 4, 64)
+    assert query.is_contiguous()
+    assert torch.equal(query[0], q[70:100])
+    assert all(call.kwargs["block_table"].shape[0] == 1 for call in calls)
+    # Several tokens: the causal/band/non-causal mode; one token: no mode, a window as a mask.
+    assert (calls[0].kwargs["sparse_mode"], calls[0].kwargs["pre_tokens"]) == BAND[kind]
+    last = calls[2].kwargs
+    assert last["sparse_mode"] == 0
+    if kind == "window":
+        mask = last["atten_mask"]
+        assert mask.shape == (1, 256)
+        assert mask.dtype == torch.bool
+        assert (~mask[0]).nonzero().flatten().tolist() == list(range(160, 201))
+    else:
+        assert last["atten_mask"] is None
+
+
+def test_tnd_takes_a_192_key_head_with_a_128_value_head(torch_npu: TorchNpuDouble) -> None:
+    out, _ = extend_at_npu_page_size(EXTEND_LAYERS["causal"], torch.bfloat16, 192, 128)
+    ((_, (_, key, value), kw),) = torch_npu.calls
+    assert kw["input_layout"] == "TND"
+    assert key.shape[-1] == 2 * 192
+    assert value.shape[-1] == 2 * 128
+    assert out.shape == (101, 4, 128)
+
+
+@pytest.mark.parametrize("page_size", [16, 1024])
+def test_tnd_takes_blocks_in_multiples_of_16_up_to_1024(
+    torch_npu: TorchNpuDouble, page_size: int
+) -> None:
+    args6 = pool((40, 9), page_size=page_size, tokens=49, head_dim=128, v_head_dim=128)
+    args = (*args6, torch.tensor([0, 0]), torch.tensor([40, 9]), page_size)
+    layer = attention_layer(scaling=0.1)
+    out = extend_attention(layer, *args)
+    torch.testing.assert_close(
+        out, STANDARD_OPS["extend_attention"].reference(layer, *args), **BF16
     )
-    ((_, (query, key, value), kw),) = torch_npu.calls
+    ((_, _, kw),) = torch_npu.calls
+    assert (kw["input_layout"], kw["block_size"]) == ("TND", page_size)
+
+
+def test_the_causal_mask_is_built_once_per_device(torch_npu: TorchNpuDouble) -> None:
+    args6 = pool((3,), page_size=128, tokens=3, head_dim=128, v_head_dim=128)
+    layer = attention_layer(scaling=0.1)
+    for _ in range(2):
+        extend_attention(layer, *args6, torch.tensor([0]), torch.tensor([3]), 128)
+    first, second = (call.kwargs["atten_mask"] for call in torch_npu.calls)
+    assert first is second
+    assert first.shape == (2048, 2048)
+    assert bool(first[0, 1])  # True above the diagonal: masked
+    assert not bool(first[1, 0])
+
+
+# -- decode ---------------------------------------------------------------------------------------
+
+
+def decode(
+    layer: Any, page_size: int, *, head_dim: int = 64, v_head_dim: int = 64
+) -> tuple[torch.Tensor, tuple[Any, ...]]:
+    """``decode_attention`` of 2 requests (5 and 40 tokens), checked against the reference."""
+    args = pool((5, 40), page_size=page_size, head_dim=head_dim, v_head_dim=v_head_dim)
+    out = decode_attention(layer, *args, page_size)
+    expected = STANDARD_OPS["decode_attention"].reference(layer, *args, page_size)
+    torch.testing.assert_close(out, expected, **BF16)
+    return out, args
+
+
+def test_decode_is_sglang_s_default_paged_attention(torch_npu: TorchNpuDouble) -> None:
+    out, (q, k_cache, _, req_to_token, rows, _) = decode(attention_layer(scaling=0.2), 16)
+    ((name, _, kw),) = torch_npu.calls
+    assert name == "_npu_paged_attention"
+    assert kw["query"].shape == (2, 4, 64)
+    assert kw["query"].is_contiguous()
+    assert torch.equal(kw["query"], q)
+    assert kw["key_cache"].shape == (k_cache.shape[0] // 16, 16, 2, 64)
+    assert kw["key_cache"].data_ptr() == k_cache.data_ptr()
+    expected_table = (req_to_token[rows, :40][:, ::16] // 16).to(torch.int32)
+    assert torch.equal(kw["block_table"], expected_table)
+    assert kw["context_lens"].tolist() == [5, 40]
+    assert kw["context_lens"].dtype == torch.int32
+    assert kw["context_lens"].device.type == "cpu"
+    assert (kw["num_heads"], kw["num_kv_heads"], kw["scale_value"]) == (4, 2, 0.2)
+    assert kw["out"] is out
+
+
+def test_paged_attention_takes_a_value_head_of_its_own(torch_npu: TorchNpuDouble) -> None:
+    """FIA needs one head size for key and value; ATB PagedAttention does not."""
+    out, _ = decode(attention_layer(scaling=0.2), 16, head_dim=96, v_head_dim=64)
+    assert torch_npu.called == ["_npu_paged_attention"]
+    assert out.shape == (2, 4, 64)
+
+
+def test_with_ascend_use_fia_decode_calls_the_bsh_page_attention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASCEND_USE_FIA", "1")
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
+    out, (_, k_cache, _, req_to_token, rows, _) = decode(attention_layer(scaling=0.2), 16)
+    ((name, (query, key, value), kw),) = torch_npu.calls
+    assert name == "npu_fused_infer_attention_score"
     assert query.shape == (2, 1, 4 * 64)
     assert key.shape == value.shape == (k_cache.shape[0] // 16, 16, 2 * 64)
     expected_table = (req_to_token[rows, :40][:, ::16] // 16).to(torch.int32)
@@ -153,7 +291,48 @@ def test_decode_calls_the_bsh_page_attention(torch_npu: TorchNpuDouble) -> None:
     assert kw["actual_seq_lengths_kv"] == [5, 40]
     assert (kw["num_heads"], kw["num_key_value_heads"], kw["block_size"]) == (4, 2, 16)
     assert (kw["input_layout"], kw["scale"]) == ("BSH", 0.2)
+    assert kw["atten_mask"] is None
     assert out.shape == (2, 4, 64)
+
+
+@pytest.mark.parametrize("page_size", [1, 8, 512])
+def test_fia_decode_takes_any_block_size_up_to_512(
+    torch_npu: TorchNpuDouble, page_size: int
+) -> None:
+    """At one query token FIA takes non-zero block sizes up to 512 (no 16-alignment):
+    PagedAttention declines 1, 8 and 512, FIA serves them."""
+    decode(attention_layer(scaling=0.2), page_size)
+    assert torch_npu.called == ["npu_fused_infer_attention_score"]
+    assert torch_npu.calls[0].kwargs["block_size"] == page_size
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_a_window_decodes_on_fia_with_sglang_s_swa_mask(
+    torch_npu: TorchNpuDouble, page_size: int
+) -> None:
+    """FIA's (B, KV_S) mask at one query token, as SGLang 0.5.23 builds swa_mask: the new
+    token at n - 1 sees keys n - 1 - window .. n - 1."""
+    decode(attention_layer(scaling=0.2, sliding_window_size=8), page_size)
+    ((name, _, kw),) = torch_npu.calls
+    assert name == "npu_fused_infer_attention_score"
+    mask, table = kw["atten_mask"], kw["block_table"]
+    assert mask.dtype == torch.bool
+    assert mask.shape == (2, table.shape[1] * page_size)
+    assert (~mask[0]).nonzero().flatten().tolist() == list(range(5))
+    assert (~mask[1]).nonzero().flatten().tolist() == list(range(31, 40))
+    assert kw["sparse_mode"] == 0
+
+
+def test_off_atlas_a2_a3_paged_attention_leaves_decode_to_fia(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ND paged caches are A2/A3's; on an Atlas 300I/310P PagedAttention declines."""
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(soc_version=200), TORCH_NPU)
+    decode(attention_layer(scaling=0.2), 16)
+    assert torch_npu.called == ["npu_fused_infer_attention_score"]
+
+
+# -- store ----------------------------------------------------------------------------------------
 
 
 def test_store_writes_the_slots_through_one_slot_blocks(torch_npu: TorchNpuDouble) -> None:
@@ -174,19 +353,50 @@ def test_store_writes_the_slots_through_one_slot_blocks(torch_npu: TorchNpuDoubl
     assert torch.equal(v_cache[loc], v.bfloat16())
 
 
+def test_store_of_differing_head_dims_needs_cann_8_0_rc3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_npu 2.3.1 pairs with CANN 8.0.RC2, whose ReshapeAndCache takes a value head size
+    other than the key's on Atlas 800I A2 only: declined; one head size still stores."""
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(version="2.3.1"), TORCH_NPU)
+    _, k_cache, v_cache, *_ = pool((5,), page_size=1, v_head_dim=32)
+    k, v = torch.randn(1, 2, 64).bfloat16(), torch.randn(1, 2, 32).bfloat16()
+    with pytest.raises(Unsupported, match=r"head sizes 64/32 need CANN 8.0.RC3\+"):
+        store_kv_cache(None, k_cache, v_cache, torch.tensor([3]), k, v)
+    _, k_cache, v_cache, *_ = pool((5,), page_size=1)
+    store_kv_cache(None, k_cache, v_cache, torch.tensor([3]), k, k)
+    assert torch_npu.called == ["_npu_reshape_and_cache"]
+
+
+@pytest.mark.parametrize(
+    ("k_dtype", "v_dtype"),
+    [(torch.float32, torch.float32), (torch.float16, torch.bfloat16)],
+    ids=["float32", "mixed"],
+)
+def test_store_declines_caches_reshape_and_cache_does_not_take(
+    torch_npu: TorchNpuDouble, k_dtype: torch.dtype, v_dtype: torch.dtype
+) -> None:
+    _, k_cache, v_cache, *_ = pool((5,), page_size=1, dtype=k_dtype)
+    v_cache = v_cache.to(v_dtype)
+    with pytest.raises(Unsupported, match=r"float16/bfloat16 .* of one dtype"):
+        store_kv_cache(None, k_cache, v_cache, torch.tensor([7]), k_cache[:1], v_cache[:1])
+    assert torch_npu.calls == []
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("op", "layer", "options", "message"),
     [
-        ("decode", {"logit_cap": 30.0}, {}, "soft-capping"),
+        ("decode", {"logit_cap": 30.0}, {}, "soft-capping.*soft-capping"),
         ("extend", {"logit_cap": 30.0}, {}, "soft-capping"),
-        ("decode", {"sliding_window_size": 8}, {}, "pre_tokens has no effect"),
-        ("decode", {}, {"dtype": torch.float32}, "float16/bfloat16"),
-        ("decode", {}, {"head_dim": 96, "v_head_dim": 64}, "one head dim"),
-        ("decode", {}, {"head_dim": 36, "v_head_dim": 36}, "16-byte aligned"),
-        ("decode", {}, {"page_size": 8}, "16-aligned"),
-        ("decode", {}, {"page_size": 1024}, "block_size <= 512"),
-        ("extend", {}, {"page_size": 64}, "128..512 in multiples of 128"),
-        ("decode", {}, {"heads": 130, "kv_heads": 2}, "num_key_value_heads <= 64"),
+        ("decode", {}, {"dtype": torch.float32}, "float16/bfloat16.*float16/bfloat16"),
+        ("decode", {}, {"head_dim": 96, "v_head_dim": 64, "page_size": 8}, "one shape outside TND"),
+        ("decode", {}, {"head_dim": 36, "v_head_dim": 36, "page_size": 8}, "16-byte aligned"),
+        ("decode", {}, {"page_size": 1024}, r"block_size is 1..512"),
+        ("decode", {}, {"heads": 130, "kv_heads": 2, "page_size": 8}, "a ratio <= 64"),
+        ("extend", {}, {"page_size": 64}, r"TND without rope.*got 64/64.*128..512 in multiples"),
+        ("extend", {}, {"head_dim": 128, "v_head_dim": 128, "page_size": 2048}, r"up to 1024"),
+        ("extend", {}, {"head_dim": 96, "v_head_dim": 64}, r"one shape outside TND"),
     ],
 )
 def test_declines_before_any_call(
@@ -199,36 +409,15 @@ def test_declines_before_any_call(
     args = pool((3, 8), **{"page_size": 128, **options})
     obj = attention_layer(scaling=0.1, **layer)
     lens, page = args[-1], options.get("page_size", 128)
-    one_new = torch.tensor([1, 1], dtype=torch.int32)  # extend: the last token of each request
+    two_new = torch.tensor([2, 2], dtype=torch.int32)  # extend: the last two tokens of each
     call = (
         (lambda: decode_attention(obj, *args, page))
         if op == "decode"
-        else (lambda: extend_attention(obj, *args, lens - 1, one_new, page))
+        else (lambda: extend_attention(obj, *args, lens - 2, two_new, page))
     )
     with pytest.raises(Unsupported, match=message):
         call()
     assert torch_npu.calls == []
-
-
-def test_store_declines_a_float32_pool(torch_npu: TorchNpuDouble) -> None:
-    _, k_cache, v_cache, *_ = pool((5,), page_size=1, dtype=torch.float32)
-    with pytest.raises(Unsupported, match="float16/bfloat16"):
-        store_kv_cache(None, k_cache, v_cache, torch.tensor([7]), k_cache[:1], v_cache[:1])
-    assert torch_npu.calls == []
-
-
-def test_the_causal_mask_is_built_once_per_device(torch_npu: TorchNpuDouble) -> None:
-    batch = ((0, 3),)
-    q, k_cache, v_cache, req_to_token, rows, lens = pool((3,), page_size=128, tokens=3)
-    prefix, extend = torch.tensor([0]), torch.tensor([3])
-    layer = attention_layer(scaling=0.1)
-    for _ in batch * 2:
-        extend_attention(layer, q, k_cache, v_cache, req_to_token, rows, lens, prefix, extend, 128)
-    first, second = (call.kwargs["atten_mask"] for call in torch_npu.calls)
-    assert first is second
-    assert first.shape == (2048, 2048)
-    assert bool(first[0, 1])  # True above the diagonal: masked
-    assert not bool(first[1, 0])
 
 
 def test_a_release_without_the_operators_declines(
@@ -236,8 +425,15 @@ def test_a_release_without_the_operators_declines(
 ) -> None:
     """The backend's probe does not require the attention operators: a torch_npu without them
     still serves the other ops, and these calls are declined by name."""
-    monkeypatch.setattr(torch_npu, "_npu_reshape_and_cache", None)
-    _, k_cache, v_cache, *_ = pool((5,), page_size=1)
+    for name in (
+        "_npu_reshape_and_cache",
+        "_npu_paged_attention",
+        "npu_fused_infer_attention_score",
+    ):
+        monkeypatch.setattr(torch_npu, name, None)
+    args = pool((5,), page_size=16)
     with pytest.raises(Unsupported, match="has no _npu_reshape_and_cache"):
-        store_kv_cache(None, k_cache, v_cache, torch.tensor([7]), k_cache[:1], v_cache[:1])
+        store_kv_cache(None, args[1], args[2], torch.tensor([7]), args[1][:1], args[2][:1])
+    with pytest.raises(Unsupported, match=r"has no _npu_paged_attention.*has no npu_fused_infer"):
+        decode_attention(attention_layer(scaling=0.1), *args, 16)
     assert torch_npu.calls == []

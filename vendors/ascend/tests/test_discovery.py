@@ -133,9 +133,10 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
         import json, sys
         import torch
         from torch_npu_double import TorchNpuDouble
-        from sgl_kernel_npu_double import SglKernelNpuGatingDouble
+        from sgl_kernel_npu_double import SglKernelNpuDouble
         double = sys.modules["torch_npu"] = TorchNpuDouble(devices=2)
-        sys.modules["sgl_kernel_npu.fla.fused_gdn_gating"] = SglKernelNpuGatingDouble()
+        package = sys.modules["sgl_kernel_npu"] = SglKernelNpuDouble()
+        sys.modules.update(package.submodules)
         from sglang_fl.runtime import get_runtime
         runtime = get_runtime()
         decisions = {op: runtime.resolve(op).decision.to_dict() for op in runtime.registry.ops()}
@@ -144,9 +145,8 @@ def test_npu_and_sdk_route_every_op_to_the_operators() -> None:
                           "shape": list(out.shape)}))
         """
     )
-    # Two probes: torch_npu for its operators, sgl_kernel_npu's module for the GDN gating.
-    probes = {"torch_npu": "torch_npu 2.7.1.post2+double", "sgl": "sgl_kernel_npu.fla."
-              "fused_gdn_gating 0.0.0+double"}  # fmt: skip
+    # Two probes: torch_npu for its operators, the sgl_kernel_npu package for the GDN ones.
+    probes = {"torch_npu": "torch_npu 2.7.1.post2+double", "sgl": "sgl_kernel_npu 0.0.0+double"}
     for op, decision in found["decisions"].items():
         if op not in SUITE.ops:
             assert decision["chosen"] == f"reference.{op}", op

@@ -1,20 +1,24 @@
 """TEST DOUBLE of torch_npu's attention operators (part of ``TorchNpuDouble``), on the CPU.
 
 ``_npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)`` -> ``None``
-(writes the caches in place) and ``npu_fused_infer_attention_score(query, key, value, *, ...)``
--> ``(attention_out, softmax_lse)`` in the two forms SGLang's Ascend backend calls: PageAttention
-decode in the ``BSH`` layout, PageAttention extend in ``TND``. The math is the API reference's:
-``softmax(scale * q k^T + mask) v`` over the keys each request's ``block_table`` row and
-``actual_seq_lengths_kv`` select; ``sparse_mode`` 3 masks right-down causally, 4 keeps the
-band ``[pos - pre_tokens, pos + next_tokens]`` around the right-down diagonal, 0 without a mask
-keeps every key. Other layouts, modes and quantization raise ``NotImplementedError``.
+(writes the caches in place), ``_npu_paged_attention(query, key_cache, value_cache,
+num_kv_heads, num_heads, scale_value, block_table, context_lens, out)`` -> ``None`` (writes
+``out``) and ``npu_fused_infer_attention_score(query, key, value, *, ...)`` ->
+``(attention_out, softmax_lse)`` in the forms SGLang's Ascend backend calls: PageAttention
+decode in ``BSH``, PageAttention extend in ``TND`` and, per request, in ``BSND``. The math is
+the API reference's: ``softmax(scale * q k^T + mask) v`` over the keys each request's
+``block_table`` row and ``actual_seq_lengths_kv`` select; ``sparse_mode`` 3 masks right-down
+causally, 4 keeps the band ``[pos - pre_tokens, pos + next_tokens]`` around the right-down
+diagonal, 0 keeps every key (less those a one-token ``(B, KV_S)`` mask marks). Other layouts,
+modes and quantization raise ``NotImplementedError``.
 
-Each documented precondition is a :class:`~sglang_fl.testing.doubles.Constraint` citing the
-torch_npu API reference page (op-plugin ``docs/zh/custom_APIs/torch_npu/
-torch_npu-npu_fused_infer_attention_score.md``, quoted), or, for ``_npu_reshape_and_cache``
-(a private API without a reference page), the ATB ReshapeAndCache operation it runs and
-op-plugin's ATB glue; what neither documents (an empty batch) is refused, being at least as
-strict as the real operators.
+Each documented precondition is a :class:`~sglang_fl.testing.doubles.Constraint` citing its
+page: the op-plugin API page ``docs/zh/custom_APIs/torch_npu/
+torch_npu-npu_fused_infer_attention_score.md`` (quoted), for the two ATB operations (private
+APIs without a torch_npu page) the ATB operation pages and op-plugin's ATB glue and docstrings
+(``op_plugin/python/atb/_atb_api_docs.py``); what none documents (an empty batch) is refused,
+being at least as strict as the real operators. Soc-dependent rules read the emulated SoC
+(``soc_version`` of ``TorchNpuDouble``).
 """
 
 from __future__ import annotations
@@ -33,9 +37,24 @@ ATB_RESHAPE = (
     "[num_blocks, block_size, num_heads, head_size], slot_mapping int32 [num_tokens]; float16/"
     "bfloat16/int8), run by op-plugin's op_plugin/ops/atb/ReshapeAndCacheAtb.cpp"
 )
+PAGED = "_npu_paged_attention"
+ATB_PAGED = (
+    "op-plugin op_plugin/python/atb/_atb_api_docs.py, _npu_paged_attention_v2 规格约束 (the same "
+    "ATB PagedAttentionOperation op_plugin/ops/atb/PagedAttentionAtb.cpp runs for "
+    "_npu_paged_attention, maskType UNDEFINED, inputLayout TYPE_BSND)"
+)
+ATB_PAGED_IO = (
+    "CANN ATB PagedAttentionOperation, 输入输出列表 (ascendtb_01_0206, CANN 8.2.RC1): query "
+    "[num_tokens, num_head, head_size] float16/bf16, blockTables int32 npu, contextLens "
+    "[batch] int32 cpu"
+)
 UNDOCUMENTED = "not covered by the torch_npu API reference or the ATB operation's documentation"
 HALF = (torch.float16, torch.bfloat16)
 MASK_SIZE = 2048
+# Atlas A2 (220-225) and A3 (250-255) SoC versions: ND paged caches (vllm_ascend/utils.py ranges).
+A2_A3 = (*range(220, 226), *range(250, 256))
+# FIA's TND without rope on Atlas A2/A3: (Q/K head dim, V head dim).
+TND_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
 
 
 class AttentionOperators(SdkDouble):
@@ -44,9 +63,9 @@ class AttentionOperators(SdkDouble):
     # -- _npu_reshape_and_cache -------------------------------------------------------------
     RESHAPE_DTYPE = Constraint(
         RESHAPE,
-        "float16/bfloat16 key, value and caches, key in key_cache's and value in value_cache's "
-        "dtype",
-        ATB_RESHAPE,
+        "float16/bfloat16 key, value and caches, all of one dtype",
+        f"{ATB_RESHAPE}; ATB ReshapeAndCacheOperation 约束 (ascendtb_01_0073, CANN 8.0.RC2.2): "
+        "'key、value、keyCache、valueCache...的数据类型都必须完全一致'",
     )
     RESHAPE_SHAPES = Constraint(
         RESHAPE,
@@ -64,11 +83,50 @@ class AttentionOperators(SdkDouble):
     )
     RESHAPE_SLOTS = Constraint(
         RESHAPE,
-        "slots inside the caches (0 <= slot < blocks * block_size)",
-        f"{ATB_RESHAPE}: block = slot // block_size, offset = slot % block_size, unchecked",
+        "distinct slots inside the caches (0 <= slot < blocks * block_size)",
+        f"{ATB_RESHAPE}: block = slot // block_size, offset = slot % block_size, unchecked; "
+        "ATB ReshapeAndCacheOperation (ascendtb_01_0089, CANN 8.0.RC3): slotMapping "
+        "'不存在重复数值'",
         "writes outside the caches",
     )
     RESHAPE_TOKENS = Constraint(RESHAPE, "at least one token", UNDOCUMENTED)
+
+    # -- _npu_paged_attention ----------------------------------------------------------------
+    PAGED_DTYPE = Constraint(
+        PAGED,
+        "float16/bfloat16 query, caches and out of one dtype",
+        f"{ATB_PAGED}: query/key_cache/value_cache float16/bf16 (int8 quantized aside), out "
+        "float16/bf16",
+    )
+    PAGED_SHAPES = Constraint(
+        PAGED,
+        "query [tokens, num_heads, head_size]; ND caches [blocks, block_size, num_kv_heads, "
+        "head_size_k / head_size_v] on Atlas A2/A3; int32 block_table [tokens, max_blocks]; "
+        "int32 host context_lens [tokens]; out [tokens, num_heads, head_size_v]; num_heads a "
+        "multiple of num_kv_heads",
+        f"{ATB_PAGED}; {ATB_PAGED_IO}; Atlas 推理系列产品 take NZ caches instead",
+    )
+    PAGED_BLOCK_SIZE = Constraint(
+        PAGED,
+        "block_size % 16 == 0 and <= 128; head sizes in (0, 576]",
+        f"{ATB_PAGED}: '因硬件限制，block_size %16 == 0', 'block_size <= 128'; "
+        "key_cache/value_cache "
+        "head_size (0, 576] (may differ)",
+    )
+    PAGED_CONTIGUOUS = Constraint(
+        PAGED,
+        "contiguous query, caches, block_table and out",
+        "op-plugin op_plugin/utils/custom_functions/atb/AtbCommon.cpp: ATB tensors are built "
+        "from a tensor's data pointer and sizes, without strides",
+        "reads and writes the wrong elements",
+    )
+    PAGED_LENGTHS = Constraint(
+        PAGED,
+        "context_lens within each block_table row, whose block ids lie in [0, num_blocks)",
+        f"{ATB_PAGED}: 'block_tables中元素的值须在[0, num_blocks)之间'",
+        "reads outside the cache",
+    )
+    PAGED_BATCH = Constraint(PAGED, "at least one query token", UNDOCUMENTED)
 
     # -- npu_fused_infer_attention_score ----------------------------------------------------
     FIA_DTYPE = Constraint(
@@ -101,21 +159,45 @@ class AttentionOperators(SdkDouble):
     FIA_PAGED = Constraint(
         FIA,
         "PageAttention: int32 block_table [B, max_blocks]; key/value [blocks, block_size, "
-        "KV_N * D] with the query in BSH (or TND, as SGLang's extend passes it)",
+        "KV_N * D] (BnBsH) with the query in BSH (B, Q_S, H), BSND (B, Q_S, N, D) or TND "
+        "(T, N, D)",
         FIA_DOC.format(
-            "block_table: torch.int32, 必须为二维 [B, maxBlockNumPerSeq]; 示例2: kv cache为BnBsH"
-            "时必须用BSH"
-        )
-        + "; SGLang 0.5.23 hardware_backend/npu/attention/ascend_backend.py forward_extend "
-        "(input_layout='TND' over the same view)",
+            "block_table: torch.int32, 必须为二维 [B, maxBlockNumPerSeq]; PageAttention约束: kv "
+            "cache排布 BSH/BSND仅BnBsH，BNSD/TND支持BnBsH和BnNBsD; input_layout table"
+        ),
+    )
+    FIA_KV_SHAPE = Constraint(
+        FIA,
+        "key and value of one shape (outside TND's Q/K 192 with V 128)",
+        FIA_DOC.format("通用基础约束: key与value的shape必须完全一致; TND布局约束 for V_D != K_D"),
     )
     FIA_BLOCK_SIZE = Constraint(
         FIA,
-        "block_size: with one query token per request 1..512 and 16-aligned; otherwise "
-        "128..512 in multiples of 128",
+        "block_size: with one query token 1..512; otherwise 128..512 in multiples of 128, "
+        "but in TND multiples of 16 up to 1024",
         FIA_DOC.format(
-            "block_size: Q_S > 1：最小128，最大512，须为128倍数。 Q_S = 1： 非0值，最大512。"
-            "torch.float16/torch.bfloat16需16字节对齐"
+            "PageAttention约束: block_size Q_S > 1 最小128，最大512，须128倍数; "
+            "Q_S = 1 非0，最大512; "
+            "TND布局约束 (query D != 512): PageAttention仅block_size须为16的倍数且 ≤ 1024"
+        ),
+    )
+    FIA_TND_HEAD_DIM = Constraint(
+        FIA,
+        "TND without rope: Q/K/V head dims 128, or Q/K 192 with V 128 or 192",
+        FIA_DOC.format(
+            "TND布局约束, query D ≠ 512, 无rope: Q_D、K_D、V_D = 128，"
+            "或Q_D、K_D = 192且V_D = 128或192"
+        ),
+    )
+    FIA_ONE_TOKEN_MASK = Constraint(
+        FIA,
+        "sparse_mode 0 with a mask only at one query token (BSH/BSND): bool/int8/uint8 "
+        "(B, KV_S) with KV_S >= block_table columns x block_size",
+        FIA_DOC.format(
+            "atten_mask: 当input_layout为BSH/BSND/BNSD/BNSD_BSND且不传rope时，Q_S=1支持(B, KV_S); "
+            "PageAttention约束: Q_S = 1时开启atten_mask（sparse_mode非2/3/4）："
+            "atten_mask最后一维 ≥ "
+            "block_table第二维 × block_size"
         ),
     )
     FIA_SEQ_KV = Constraint(
@@ -162,9 +244,7 @@ class AttentionOperators(SdkDouble):
         self.record(RESHAPE, key, value, key_cache, value_cache, slot_indices)
         tensors = (key, value, key_cache, value_cache)
         self.RESHAPE_DTYPE.check(
-            all(t.dtype in HALF for t in tensors)
-            and key.dtype == key_cache.dtype
-            and value.dtype == value_cache.dtype,
+            key.dtype in HALF and all(t.dtype == key.dtype for t in tensors),
             ", ".join(str(t.dtype) for t in tensors),
         )
         tokens = key.shape[0]
@@ -191,10 +271,84 @@ class AttentionOperators(SdkDouble):
         capacity = key_cache.shape[0] * key_cache.shape[1]
         slots = slot_indices.long()
         self.RESHAPE_SLOTS.check(
-            bool(((slots >= 0) & (slots < capacity)).all()), f"capacity {capacity}"
+            bool(((slots >= 0) & (slots < capacity)).all()) and slots.unique().numel() == tokens,
+            f"{slots.tolist()} in capacity {capacity}",
         )
         key_cache.view(capacity, *key_cache.shape[2:])[slots] = key
         value_cache.view(capacity, *value_cache.shape[2:])[slots] = value
+
+    def _npu_paged_attention(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        num_kv_heads: int,
+        num_heads: int,
+        scale_value: float,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        self.record(
+            PAGED,
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            num_kv_heads=num_kv_heads,
+            num_heads=num_heads,
+            scale_value=scale_value,
+            block_table=block_table,
+            context_lens=context_lens,
+            out=out,
+        )
+        tensors = (query, key_cache, value_cache, out)
+        self.PAGED_DTYPE.check(
+            query.dtype in HALF and all(t.dtype == query.dtype for t in tensors),
+            ", ".join(str(t.dtype) for t in tensors),
+        )
+        tokens = query.shape[0]
+        self.PAGED_SHAPES.check(
+            getattr(self, "soc_version", None) in A2_A3
+            and query.dim() == 3
+            and query.shape[1] == num_heads
+            and key_cache.dim() == value_cache.dim() == 4
+            and key_cache.shape[:3] == value_cache.shape[:3]
+            and key_cache.shape[2] == num_kv_heads
+            and key_cache.shape[3] == query.shape[2]
+            and num_heads % num_kv_heads == 0
+            and block_table.dtype == torch.int32
+            and block_table.dim() == 2
+            and block_table.shape[0] == tokens
+            and context_lens.dtype == torch.int32
+            and context_lens.device.type == "cpu"
+            and tuple(context_lens.shape) == (tokens,)
+            and tuple(out.shape) == (tokens, num_heads, value_cache.shape[3]),
+            f"SoC {getattr(self, 'soc_version', None)}, query {tuple(query.shape)}, caches "
+            f"{tuple(key_cache.shape)}/{tuple(value_cache.shape)}, block_table "
+            f"{block_table.dtype} {tuple(block_table.shape)}, context_lens "
+            f"{context_lens.dtype} on {context_lens.device}, out {tuple(out.shape)}",
+        )
+        block_size, d, dv = key_cache.shape[1], key_cache.shape[3], value_cache.shape[3]
+        self.PAGED_BLOCK_SIZE.check(
+            block_size % 16 == 0 and 0 < block_size <= 128 and 0 < d <= 576 and 0 < dv <= 576,
+            f"block_size {block_size}, head sizes {d}/{dv}",
+        )
+        self.PAGED_CONTIGUOUS.check(
+            all(t.is_contiguous() for t in (*tensors, block_table)),
+            ", ".join(str(t.stride()) for t in tensors),
+        )
+        self.PAGED_BATCH.check(tokens > 0, "0 tokens")
+        lengths = context_lens.tolist()
+        self.PAGED_LENGTHS.check(
+            all(n > 0 for n in lengths)
+            and _inside(block_table, lengths, block_size, key_cache.shape[0]),
+            f"{lengths} over block_table {tuple(block_table.shape)}",
+        )
+        for b, n in enumerate(lengths):
+            blocks = block_table[b, : -(-n // block_size)].long()
+            keys = key_cache[blocks].reshape(-1, num_kv_heads, d)[:n]
+            values = value_cache[blocks].reshape(-1, num_kv_heads, dv)[:n]
+            out[b] = _attend(query[b : b + 1], keys, values, scale_value, None)[0]
 
     def npu_fused_infer_attention_score(
         self,
@@ -236,7 +390,7 @@ class AttentionOperators(SdkDouble):
         )
         _unmodeled(not options, f"options {sorted(options)}")
         _unmodeled(block_table is not None, "attention without PageAttention")
-        _unmodeled(input_layout in ("BSH", "TND"), f"input_layout {input_layout!r}")
+        _unmodeled(input_layout in ("BSH", "BSND", "TND"), f"input_layout {input_layout!r}")
         _unmodeled(sparse_mode in (0, 3, 4), f"sparse_mode {sparse_mode}")
         assert block_table is not None  # for the type checker: _unmodeled refused None
         self.FIA_DTYPE.check(
@@ -255,46 +409,55 @@ class AttentionOperators(SdkDouble):
             and num_heads // kv_heads <= 64,
             f"{num_heads}/{kv_heads}",
         )
+        tnd = input_layout == "TND"
         hidden = query.shape[-1] if input_layout == "BSH" else query.shape[-1] * num_heads
         d = hidden // num_heads
         self.FIA_HEAD_DIM.check(
             hidden % num_heads == 0 and d <= 512 and d * query.dtype.itemsize % 16 == 0, str(d)
         )
-        tnd = input_layout == "TND"
         batch = block_table.shape[0]
+        dims = {"BSH": 3, "BSND": 4, "TND": 3}[input_layout]
         self.FIA_PAGED.check(
             block_table.dtype == torch.int32
             and block_table.dim() == 2
             and key.dim() == 3
             and value.dim() == 3
-            and key.shape == value.shape
+            and key.shape[:2] == value.shape[:2]
             and key.shape[1] == block_size
             and key.shape[2] == kv_heads * d
-            and (query.dim() == 3 if tnd else query.dim() == 3 and query.shape[0] == batch)
-            and (not tnd or query.shape[1] == num_heads),
+            and value.shape[2] % kv_heads == 0
+            and query.dim() == dims
+            and (tnd or query.shape[0] == batch)
+            and (input_layout == "BSH" or query.shape[-2] == num_heads),
             f"block_table {block_table.dtype} {tuple(block_table.shape)}, key "
-            f"{tuple(key.shape)}, query {tuple(query.shape)} ({input_layout})",
+            f"{tuple(key.shape)}, value {tuple(value.shape)}, query {tuple(query.shape)} "
+            f"({input_layout})",
         )
+        dv = value.shape[2] // kv_heads
+        if tnd:
+            self.FIA_TND_HEAD_DIM.check((d, dv) in TND_HEAD_DIMS, f"{d}/{dv}")
+        else:
+            self.FIA_KV_SHAPE.check(key.shape == value.shape, f"{key.shape} and {value.shape}")
         self.FIA_BATCH.check(
             0 < batch <= 65536 and query.shape[0] > 0, f"B {batch}, query {tuple(query.shape)}"
         )
-        one_token = not tnd and query.shape[1] == 1  # BSH: (B, Q_S, H)
+        one_token = not tnd and query.shape[1] == 1  # BSH/BSND: (B, Q_S, ...)
+        if tnd:
+            block_ok = block_size % 16 == 0 and 0 < block_size <= 1024
+        elif one_token:
+            block_ok = 0 < block_size <= 512
+        else:
+            block_ok = 128 <= block_size <= 512 and block_size % 128 == 0
         self.FIA_BLOCK_SIZE.check(
-            (0 < block_size <= 512 and block_size % 16 == 0)
-            if one_token
-            else (128 <= block_size <= 512 and block_size % 128 == 0),
-            f"block_size {block_size}, {'one' if one_token else 'several'} query tokens",
+            block_ok,
+            f"block_size {block_size}, {input_layout}, "
+            f"{'one' if one_token else 'several'} query tokens",
         )
         lens_kv = actual_seq_lengths_kv
         self.FIA_SEQ_KV.check(
             lens_kv is not None
             and len(lens_kv) == batch
-            and all(0 <= n <= block_table.shape[1] * block_size for n in lens_kv)
-            and all(
-                0 <= int(block) < key.shape[0]
-                for b, n in enumerate(lens_kv)
-                for block in block_table[b, : -(-n // block_size)].tolist()
-            ),
+            and _inside(block_table, lens_kv, block_size, key.shape[0]),
             f"{lens_kv} over block_table {tuple(block_table.shape)}",
         )
         assert lens_kv is not None
@@ -310,7 +473,9 @@ class AttentionOperators(SdkDouble):
             assert cums is not None
             starts = [0, *cums]
         else:
-            starts = list(range(batch + 1))
+            q_len = query.shape[1]
+            starts = [b * q_len for b in range(batch + 1)]
+        keep: torch.Tensor | None = None
         if sparse_mode in (3, 4):
             expected = ~torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool).tril()
             self.FIA_MASK.check(
@@ -322,18 +487,45 @@ class AttentionOperators(SdkDouble):
                 if atten_mask is None
                 else f"{atten_mask.dtype} {tuple(atten_mask.shape)}",
             )
+        elif atten_mask is not None:
+            self.FIA_ONE_TOKEN_MASK.check(
+                one_token
+                and atten_mask.dtype in (torch.bool, torch.int8, torch.uint8)
+                and atten_mask.dim() == 2
+                and atten_mask.shape[0] == batch
+                and atten_mask.shape[1] >= block_table.shape[1] * block_size,
+                f"{atten_mask.dtype} {tuple(atten_mask.shape)}, {query.shape[1]} query tokens",
+            )
+            keep = ~atten_mask.bool()
         rows = query.reshape(-1, num_heads, d)
-        out = torch.empty_like(rows)
+        out = rows.new_empty((rows.shape[0], num_heads, dv))
         for b, length in enumerate(lens_kv):
             blocks = block_table[b, : -(-length // block_size)].long()
             keys = key[blocks].reshape(-1, kv_heads, d)[:length]
-            values = value[blocks].reshape(-1, kv_heads, d)[:length]
+            values = value[blocks].reshape(-1, kv_heads, dv)[:length]
             span = slice(starts[b], starts[b + 1])
+            if keep is not None:  # the one query token sees the keys its mask row leaves
+                kept = keep[b, :length]
+                keys, values = keys[kept], values[kept]
             band = (pre_tokens, 0 if sparse_mode == 3 else next_tokens)
             # One query token (the IncreFlashAttention branch): sparse_mode has no effect.
-            masked = bool(sparse_mode) and not one_token
+            masked = sparse_mode in (3, 4) and not one_token
             out[span] = _attend(rows[span], keys, values, scale, band if masked else None)
-        return out.view(query.shape), query.new_zeros(1)
+        shape = (
+            (*query.shape[:-1], num_heads * dv)
+            if input_layout == "BSH"
+            else (*query.shape[:-1], dv)
+        )
+        return out.view(shape), query.new_zeros(1)
+
+
+def _inside(table: torch.Tensor, lengths: list[int], block_size: int, blocks: int) -> bool:
+    """Whether each request's tokens fit its ``table`` row and the blocks they use exist."""
+    return all(0 <= n <= table.shape[1] * block_size for n in lengths) and all(
+        0 <= int(block) < blocks
+        for b, n in enumerate(lengths)
+        for block in table[b, : -(-n // block_size)].tolist()
+    )
 
 
 def _attend(

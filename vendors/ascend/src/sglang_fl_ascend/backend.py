@@ -2,7 +2,10 @@
 
 Besides the import and the device count, the probe reads what the adapters' operators depend
 on (:func:`platform`): the torch_npu release (its MoE gating operator changed with Ascend
-Extension for PyTorch 7.2.0) and the SoC generation (bfloat16 GELUs exist on A2/A3 only).
+Extension for PyTorch 7.2.0; releases before 2.4.0 may pair with a CANN whose KV store takes
+one head size only), the SoC generation (bfloat16 GELUs, ND paged attention and HCCL's
+compatible gather exist on A2/A3 only; float64 reductions on Ascend 950 only) and SGLang's
+``ASCEND_USE_FIA`` switch (which decode operator comes first).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from types import ModuleType
 from sglang_fl.types import Availability, Backend, ChipSdk
 
 __all__ = [
-    "SGL_KERNEL_NPU_GATING",
+    "SGL_KERNEL_NPU",
     "TORCH_NPU",
     "AscendBackend",
     "AscendSoc",
@@ -30,6 +33,14 @@ __all__ = [
 # README of each branch). Releases below it may be 7.0.0/7.1.0 builds, whose
 # npu_moe_gating_top_k is the restricted one (see impl/moe.py).
 GENERAL_GATING_SINCE = (2, 7, 1)
+# The first torch_npu release line whose every build pairs with CANN 8.0.RC3 or later
+# (Ascend/pytorch COMPATIBILITY.md, the version table: 2.4.0 <-> CANN 8.0.RC3; 2.3.1 and
+# 2.1.0.post6 <-> CANN 8.0.RC2), whose ATB ReshapeAndCache takes a value head size other than
+# the key's on every product (the CANN 8.0.RC2 page limits it to Atlas 800I A2).
+DIFFERING_HEAD_DIMS_SINCE = (2, 4, 0)
+# SGLang's switch for FIA decode (hardware_backend/npu/attention/ascend_backend.py:383,
+# get_bool_env_var("ASCEND_USE_FIA", "False"), true for "true"/"1" in any case).
+USE_FIA = "ASCEND_USE_FIA"
 
 
 class AscendSoc(str, enum.Enum):
@@ -65,6 +76,7 @@ class NpuPlatform:
     release: tuple[int, int, int] | None  # None: a version string that does not parse
     soc_version: int | None  # None: not readable
     soc: AscendSoc
+    fia_decode: bool = False  # ASCEND_USE_FIA: decode on FIA first, as SGLang does
 
     @property
     def general_gating(self) -> bool:
@@ -72,9 +84,19 @@ class NpuPlatform:
         return self.release is not None and self.release >= GENERAL_GATING_SINCE
 
     @property
+    def store_differing_head_dims(self) -> bool:
+        """Whether the KV store takes a value head size other than the key's (CANN 8.0.RC3+)."""
+        return self.release is not None and self.release >= DIFFERING_HEAD_DIMS_SINCE
+
+    @property
+    def a2_or_a3(self) -> bool:
+        """Whether the SoC is an Atlas A2 or A3: what several operators are limited to."""
+        return self.soc in (AscendSoc.A2, AscendSoc.A3)
+
+    @property
     def bf16_gelu(self) -> bool:
         """Whether npu_gelu/npu_fast_gelu/npu_geglu take bfloat16 (A2/A3 only, per their pages)."""
-        return self.soc in (AscendSoc.A2, AscendSoc.A3)
+        return self.a2_or_a3
 
     def describe(self) -> str:
         soc = f"{self.soc.value} (SoC {self.soc_version})" if self.soc_version else self.soc.value
@@ -99,7 +121,8 @@ def platform() -> NpuPlatform:
         soc_version: int | None = int(torch_npu.npu.get_soc_version())
     except Exception:  # an SDK without the call, or a driver error: treated as an unknown SoC
         soc_version = None
-    detected = NpuPlatform(version, release, soc_version, _soc_of(soc_version))
+    fia = os.environ.get(USE_FIA, "false").lower() in ("true", "1")
+    detected = NpuPlatform(version, release, soc_version, _soc_of(soc_version), fia)
     _platform = (torch_npu, detected)
     return detected
 
@@ -138,14 +161,14 @@ TORCH_NPU = ChipSdk(
     no_device_hint=_no_npu_hint,
 )
 
-# sgl_kernel_npu's GDN gating module (Triton-Ascend kernels; the SGLang NPU path's own): it
-# imports torch_npu itself, so it is probed only once torch_npu's probe found an NPU.
-SGL_KERNEL_NPU_GATING = ChipSdk(
-    "sgl_kernel_npu.fla.fused_gdn_gating",
+# sgl_kernel_npu, the SGLang NPU path's own Triton-Ascend kernels: it imports torch_npu itself,
+# so it is probed only once torch_npu's probe found an NPU. Which of its functions a release
+# has, and in which form, is read per function (kernels.py).
+SGL_KERNEL_NPU = ChipSdk(
+    "sgl_kernel_npu",
     device="NPU",
     count_devices=_count_npus,
     devices_need_sdk=True,
-    requires=("fused_gdn_gating_npu",),
     no_device_hint=_no_npu_hint,
 )
 
@@ -163,7 +186,8 @@ class AscendBackend(Backend):
 
 class SglKernelNpuBackend(Backend):
     """The same vendor (``ascend``) for the operators of ``sgl_kernel_npu``: torch_npu's probe
-    first (its reason is the one a machine without an NPU shows), then the module's import."""
+    first (its reason is the one a machine without an NPU shows), then the package's import;
+    each function's form is checked at its first call (``kernels.py``)."""
 
     @property
     def name(self) -> str:
@@ -171,4 +195,4 @@ class SglKernelNpuBackend(Backend):
 
     def is_available(self) -> Availability:
         npu = TORCH_NPU.probe()
-        return SGL_KERNEL_NPU_GATING.probe() if npu else npu
+        return SGL_KERNEL_NPU.probe() if npu else npu

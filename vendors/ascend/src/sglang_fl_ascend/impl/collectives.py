@@ -40,27 +40,6 @@ _C10D = "torch_npu/distributed/distributed_c10d.py"
 # CheckCompatibleImpl true for "1" only).
 COMPATIBLE_IMPL = "TORCH_NPU_USE_COMPATIBLE_IMPL"
 
-# kScalarTypeToHcclDataType (HCCLUtils.cpp:49-65): what getHcclDataType maps, i.e. what
-# HCCL moves; bool travels as HCCL_DATA_TYPE_UINT8.
-MOVED = frozenset(
-    {
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-        torch.float64,
-        torch.bool,
-        torch.bfloat16,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-    }
-)
 # checkSupportedDataType (ProcessGroupHCCL.cpp:170-188), called by allreduce (:4765),
 # reduce_scatter (:5982) and _reduce_scatter_base (:6234): what HCCL reduces everywhere...
 REDUCED = frozenset(
@@ -74,6 +53,18 @@ REDUCED = frozenset(
         torch.bfloat16,
     }
 )
+# kScalarTypeToHcclDataType (HCCLUtils.cpp:49-65): what getHcclDataType maps, i.e. what HCCL
+# moves: the reduced dtypes and these (bool travels as HCCL_DATA_TYPE_UINT8).
+MOVED = REDUCED | {
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float64,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+}
 # ...and what it reduces on Ascend 950 only (a5ExtraDataTypes).
 REDUCED_ON_950 = frozenset({torch.uint64, torch.float64})
 
@@ -90,7 +81,7 @@ def gather_unavailable() -> str | None:
     if os.environ.get(COMPATIBLE_IMPL) != "1":
         return f"ProcessGroupHCCL::gather needs {COMPATIBLE_IMPL}=1 (source: {source})"
     found = platform()
-    if found.soc not in (AscendSoc.A2, AscendSoc.A3):
+    if not found.a2_or_a3:
         return (
             f"ProcessGroupHCCL::gather runs on Atlas A2/A3 only (IsCompatibleSoc), not "
             f"{found.describe()} (source: {source})"
