@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (
+    CollectiveDivergenceError,
     ConfigError,
     NoImplementationError,
     PluginLoadError,
@@ -45,6 +46,7 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
+    "CollectiveDivergenceError",
     "CollectiveGroup",
     "ConfigError",
     "NoImplementationError",

@@ -31,7 +31,7 @@ from .errors import ConfigError
 from .schema import portable_json
 from .verify import VERIFY_EVENT
 
-__all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
+__all__ = ["CommunicatorState", "DispatchReport", "ReportEvent", "Runner", "read_log"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
@@ -47,6 +47,16 @@ class ReportEvent(StrEnum):
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
     COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)
     ATTENTION_BACKEND = "attention_backend"  # which SGLang attention backend serves (per runner)
+    COMMUNICATOR = "communicator"  # a vendor communicator of one group was opened or closed
+
+
+class CommunicatorState(StrEnum):
+    """The ``state`` of a ``communicator`` record."""
+
+    OPEN = "open"  # set up for the group, agreed by every rank
+    CLOSED = "closed"  # its close() returned
+    RELEASED = "released"  # the group let go of it; another group still holds the handle
+    CLOSE_FAILED = "close_failed"  # its close() raised or did not return in time (problem)
 
 
 class Runner(StrEnum):

@@ -59,6 +59,11 @@ class StrictModeError(SglangFlError):
     """``SGLANG_FL_STRICT=1`` turned a fallback into an error."""
 
 
+class CollectiveDivergenceError(SglangFlError):
+    """The ranks of a process group would run different code for one collective call (one
+    declined it, the others did not): this rank stops rather than hang or compute wrongly."""
+
+
 class Unsupported(Exception):
     """Raised by an implementation, before it writes anything, to decline one call.
 
