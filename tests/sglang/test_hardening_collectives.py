@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from collective_vendor import collective_vendor_site, on_path
+from collective_vendor import on_path
+from engines import EnginePool
 from test_collectives import COLLECTIVES, results, run_group, vendor_lines
 
 from sglang_fl.dispatch_report import read_log
@@ -34,8 +35,8 @@ TIMEOUT_S = "3"  # SGLANG_FL_PLUGIN_TIMEOUT of every run
 
 
 @pytest.fixture(scope="module")
-def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return collective_vendor_site(tmp_path_factory.mktemp("cvendor"))
+def vendor_site(engine_pool: EnginePool) -> Path:
+    return engine_pool.site("cvendor")
 
 
 def run(vendor_site: Path, tmp_path: Path, **env: str) -> tuple[list[Any], Path, Path]:
