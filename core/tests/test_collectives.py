@@ -274,7 +274,8 @@ def test_the_conformance_plan_runs_a_vendor_collective_per_case_on_2_and_4_ranks
     world2 = [checks[f"wrong/all_reduce/world=2/{case}"] for case in grid]
     outcomes = [check.run() for check in world2]  # one kit run for all of them
     nonempty = [o for o, case in zip(outcomes, grid, strict=True) if "rows=0" not in case]
-    assert nonempty and all(o.status == FAILED for o in nonempty)
+    assert nonempty
+    assert all(o.status == FAILED for o in nonempty)
     assert "on 2 ranks failed" in nonempty[0].message
     assert "rank 1: output: max abs error" in nonempty[0].message
 

@@ -32,7 +32,7 @@ from sglang_processes import install_source
 
 __all__ = ["collective_vendor_site", "on_path"]
 
-MODULE = '''
+MODULE = """
 \"\"\"A vendor whose collectives run through a per-group communicator that counts its calls.\"\"\"
 import dataclasses
 import json
@@ -124,7 +124,7 @@ def sglang_fl_register_ops(registry):
                fn=_through_communicator(name), vendor="cvendor", available=_available)
         for name, contract in STANDARD_OPS.items() if contract.collective is not None
     )
-'''
+"""
 
 PYPROJECT = """
 [build-system]

@@ -88,8 +88,9 @@ def test_a_probe_true_on_one_rank_only_leaves_the_reference_on_both_reported_per
         # Rank 0 would have run the vendor alone: its record says so, and why the group won't.
         assert mine["fallback_from"] == f"vendor.cvendor.{op}"
         assert f"rank 0 chose vendor.cvendor.{op}" in mine["fallback_reason"]
-        assert f"rank 1 chose reference.{op} (vendor.cvendor.{op}: unavailable" in (
-            mine["fallback_reason"]
+        assert (
+            f"rank 1 chose reference.{op} (vendor.cvendor.{op}: unavailable"
+            in (mine["fallback_reason"])
         )
         assert "fallback_from" not in other  # rank 1 runs what it chose
     assert not records(log, "communicator")
@@ -115,7 +116,7 @@ def test_a_call_declined_on_one_rank_only_stops_that_rank_naming_it_not_a_hang(
     stops with CollectiveDivergenceError within the plugin timeout, rank 0's collective ends
     with it (its peer left), and neither computes a result from two libraries."""
     started = time.monotonic()
-    done, log, _ = run(vendor_site, tmp_path, COLLECTIVE_VENDOR_DECLINE="all_reduce:1")
+    done, _, _ = run(vendor_site, tmp_path, COLLECTIVE_VENDOR_DECLINE="all_reduce:1")
     assert time.monotonic() - started < 240
     rank0, rank1 = done
     assert rank1.returncode != 0
@@ -177,9 +178,7 @@ def test_a_close_that_hangs_or_raises_is_reported_and_the_rank_exits(
 def test_one_handle_for_two_groups_is_closed_once_after_the_last_group(
     vendor_site: Path, tmp_path: Path
 ) -> None:
-    done, log, out = run(
-        vendor_site, tmp_path, COLLECTIVE_VENDOR_SHARED="1", GROUP_RUN_SECOND="1"
-    )
+    done, log, out = run(vendor_site, tmp_path, COLLECTIVE_VENDOR_SHARED="1", GROUP_RUN_SECOND="1")
     ranks = results(done)
     for rank in ranks:
         assert rank["results"]["all_reduce_on_second_group"] == "ok", rank

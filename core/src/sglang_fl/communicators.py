@@ -156,11 +156,7 @@ def _agree_one(
     # plugin's own candidates and the reference follow the chosen one.
     chain = (
         chosen,
-        *(
-            by_id[i]
-            for i in common[1:]
-            if plugin_of(by_id[i]) in (None, plugin_of(chosen))
-        ),
+        *(by_id[i] for i in common[1:] if plugin_of(by_id[i]) in (None, plugin_of(chosen))),
     )
     if all(c.chain[0] == chosen.impl_id for c in choices):
         return AgreedChoice(op, chain, local)

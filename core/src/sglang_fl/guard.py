@@ -23,6 +23,7 @@ __all__ = [
     "call_plugin_code",
     "capped",
     "describe_exception",
+    "exception_text",
     "in_plugin_code",
     "is_interrupt",
     "plain_str",
@@ -89,17 +90,21 @@ def _type_name(value: object) -> str:
     return capped(plain_str(getattr(type(value), "__name__", None)) or "object", 200)
 
 
-def describe_exception(exc: BaseException) -> str:
-    """``"Type: message"``, even when the exception's ``__str__`` itself raises or returns a
-    ``str`` subclass (kept as its plain characters, see :func:`plain_str`); the message is
-    :func:`capped`."""
-    name = _type_name(exc)
+def exception_text(exc: BaseException) -> str:
+    """An exception's message as plain, :func:`capped` text, even when its ``__str__`` raises
+    (then a description of that) or returns a ``str`` subclass (kept as its characters)."""
     try:
-        text = plugin_text(str(exc)) or ""
+        return plugin_text(str(exc)) or ""
     except BaseException as broken:
         if is_interrupt(broken):
             raise
-        text = f"<str() of the exception raised {_type_name(broken)}>"
+        return f"<str() of the exception raised {_type_name(broken)}>"
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"Type: message"`` (:func:`exception_text`), or ``"Type"`` for an empty message."""
+    text = exception_text(exc)
+    name = _type_name(exc)
     return f"{name}: {text}" if text else name
 
 

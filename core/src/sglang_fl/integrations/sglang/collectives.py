@@ -35,16 +35,17 @@ from ...communicators import (
     HOOK,
     CloseOutcome,
     CommunicatorOutcome,
+    DeclineCheck,
     agree_on_collectives,
     close_all,
     close_communicator,
     open_communicator,
     plugin_of,
 )
-from ...dispatch.resolve import _bind_chain
+from ...dispatch.binder import Decline, FallbackChain
 from ...dispatch.types import BackendImplKind, OpImpl
 from ...dispatch_report import CommunicatorState, DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError
+from ...errors import NoImplementationError, Unsupported
 from ...ops import STANDARD_OPS
 from ...ops.collectives import CollectiveGroup
 from ...runtime import Runtime
@@ -133,11 +134,19 @@ class CollectiveRouter:
         of the group (the agreement and the communicator set-up are CPU-group collectives)."""
         group = self.group_of(coordinator)
         agreed = agree_on_collectives(self.runtime, group, METHODS)
-        plugins = sorted({p for c in agreed.values() if c.chosen for p in [plugin_of(c.chosen)] if p})
+        plugins = sorted(
+            {p for c in agreed.values() if c.chosen for p in [plugin_of(c.chosen)] if p}
+        )
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
         }
-        routed: dict[str, tuple[OpImpl, dict[str, Any]]] = {}  # op -> what serves it
+        # A decline must be every rank's before the next candidate runs it; made by every
+        # rank together, and only where some chain has a next candidate.
+        check = None
+        if any(len(c.chain) > 1 for c in agreed.values()) and not self.runtime.config.strict:
+            check = DeclineCheck(group, self.runtime.config.plugin_timeout)
+        # op -> what serves it, and what it replaces and why (a fallback)
+        routed: dict[str, tuple[OpImpl, OpImpl | None, str | None]] = {}
         for op, choice in agreed.items():
             impl = choice.chosen
             if impl is None:
@@ -148,7 +157,7 @@ class CollectiveRouter:
             if outcome is not None and not outcome.ok:
                 reference = _reference_impl(self.runtime, op)
                 self._bind(coordinator, group, op, reference.fn)
-                routed[op] = reference, {"fallback_from": impl, "reason": outcome.problem}
+                routed[op] = reference, impl, outcome.problem
                 continue
             if impl.kind is BackendImplKind.REFERENCE and group.device.type != "cpu":
                 reason = (
@@ -160,14 +169,14 @@ class CollectiveRouter:
             bound_group = group
             if outcome is not None and outcome.communicator is not None:
                 bound_group = dataclasses.replace(group, communicator=outcome.communicator)
-            self._bind(coordinator, bound_group, op, _bind_chain(op, list(choice.chain)))
-            extra = {} if choice.problem is None else {
-                "fallback_from": choice.local, "reason": choice.problem
-            }
-            routed[op] = impl, extra
+            self._bind(coordinator, bound_group, op, self._chain(op, choice.chain, check).fn)
+            replaced = None if choice.problem is None else choice.local
+            routed[op] = impl, replaced, choice.problem
         also = self._bind_tensor_dicts(coordinator, group, routed)
-        for op, (impl, extra) in routed.items():
-            self._emit(group, op, impl, also_serves=also.get(op, []), **extra)
+        for op, (impl, replaced, why) in routed.items():
+            self._emit(
+                group, op, impl, also_serves=also.get(op, []), fallback_from=replaced, reason=why
+            )
         self._hook_destroy(coordinator, [o for o in outcomes.values() if o.ok])
 
     def _bind_tensor_dicts(
@@ -185,6 +194,35 @@ class CollectiveRouter:
             coordinator, coordinator.recv, device
         )
         return {op: [f"GroupCoordinator.{method}"] for method, op in TENSOR_DICTS.items()}
+
+    def _chain(
+        self, op: str, chain: tuple[OpImpl, ...], check: DeclineCheck | None
+    ) -> FallbackChain:
+        """The agreed candidates bound: a decline is confirmed by every rank (``check``)
+        before the next candidate runs it, and reported once per reason."""
+        confirm = None
+        if check is not None and len(chain) > 1:
+
+            def confirm(index: int, exc: Unsupported) -> None:
+                check.confirm(op, chain[index].impl_id, index, exc)
+
+        return FallbackChain(
+            op,
+            chain,
+            strict=self.runtime.config.strict,
+            on_decline=self._report_decline,
+            before_next=confirm,
+        )
+
+    def _report_decline(self, decline: Decline) -> None:
+        self.report.emit(
+            ReportEvent.FALLBACK,
+            op=decline.op,
+            impl_id=decline.impl_id,
+            next_impl_id=decline.next_impl_id,
+            reason=decline.reason,
+            runner=Runner.SGLANG_FL,
+        )
 
     def _bind(self, coordinator: Any, group: CollectiveGroup, op: str, fn: Any) -> None:
         sglang = getattr(coordinator, METHODS[op])

@@ -143,7 +143,7 @@ def ask_schedulers_to_exit(engine: Any, timeout: float) -> None:
     schedulers = find_attribute(
         "sglang.srt.utils.cudacore_pyspy_dump_utils.collect_scheduler_processes"
     )
-    if getattr(engine, "_attached", False) or None in (dispatch, request, schedulers):
+    if getattr(engine, "_attached", False) or dispatch is None or None in (request, schedulers):
         return
     try:
         dispatch(request())
