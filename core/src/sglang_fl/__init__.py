@@ -12,6 +12,7 @@ from ._version import __version__
 from .errors import (
     CollectiveDivergenceError,
     ConfigError,
+    ContractViolationError,
     NoImplementationError,
     PluginLoadError,
     RegistrationError,
@@ -49,6 +50,7 @@ __all__ = [
     "CollectiveDivergenceError",
     "CollectiveGroup",
     "ConfigError",
+    "ContractViolationError",
     "NoImplementationError",
     "OpImpl",
     "OpRegistry",

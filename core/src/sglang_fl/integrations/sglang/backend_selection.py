@@ -37,7 +37,12 @@ from ...dispatch.registry import offered_candidate
 from ...dispatch.resolve import CandidateOutcome, CandidateVerdict, Resolution
 from ...dispatch.types import BackendImplKind, OpImpl, Provenance
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError, RegistrationError, StrictModeError
+from ...errors import (
+    ContractViolationError,
+    NoImplementationError,
+    RegistrationError,
+    StrictModeError,
+)
 from ...guard import call_plugin_code, describe_exception, safe_repr
 from ...loader import call_plugin_hook
 from ...ops.attention import SGLANG_ATTENTION_BACKEND, SglangAttentionBackendOffer
@@ -262,8 +267,52 @@ def build_backend(
                     chain.append(next_impl)
                 continue
         _emit(report, impl, backend, reason, failed, fields)
+        if impl.impl_id != REFERENCE_IMPL_ID:
+            _watch_forwards(backend, impl)
         return backend
     raise AssertionError("the chain always ends with a candidate that builds")
+
+
+# The forwards of a vendor's backend that return one layer's attention output.
+_FORWARDS = ("forward_extend", "forward_decode")
+
+
+def _watch_forwards(backend: Any, impl: OpImpl) -> None:
+    """Make a vendor backend's faults name it: its forwards, as instance attributes, check the
+    output's shape (``[tokens, q_heads * v_head_dim]``, what SGLang's ``RadixAttention`` and
+    its next layer take) and mark an exception as the vendor's.
+
+    Nothing is re-run or replaced: the forward may have written the KV cache before it failed,
+    so the error propagates (SGLang stops the request or the engine) and says whose it was.
+    The cost is one frame and one shape comparison per layer call.
+    """
+    who = f"the attention backend {impl.impl_id} ({impl.provenance})"
+    for name in _FORWARDS:
+        forward = getattr(backend, name, None)
+        if callable(forward):
+            setattr(backend, name, _watched(forward, name, who))
+
+
+def _watched(forward: Callable[..., Any], name: str, who: str) -> Callable[..., Any]:
+    def watched(q: Any, k: Any, v: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = forward(q, k, v, layer, *args, **kwargs)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"sglang-fl: raised by {who} in {name}")
+            raise
+        if isinstance(out, torch.Tensor):
+            rows, width = q.shape[0], layer.tp_q_head_num * layer.v_head_dim
+            if out.shape[0] != rows or out.numel() != rows * width:
+                raise ContractViolationError(
+                    f"{who} returned a {list(out.shape)} output from {name}; SGLang's "
+                    f"attention layer takes [{rows}, {width}] (tokens, q_heads * v_head_dim)"
+                )
+        return out
+
+    watched.__name__ = watched.__qualname__ = name
+    watched.__wrapped__ = forward  # type: ignore[attr-defined]
+    return watched
 
 
 @dataclass(frozen=True)
