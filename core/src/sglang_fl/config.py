@@ -291,8 +291,8 @@ SETTINGS: tuple[_Setting, ...] = (
         "plugin_timeout",
         _parse_seconds,
         60.0,
-        "seconds a plugin's hook or availability probe may run before it is abandoned and "
-        "reported as failed / unavailable",
+        "seconds any plugin code core calls (import, hook, probe, backend factory, "
+        "communicator close) may run before it is abandoned and reported",
     ),
     _Setting(
         "trace",
