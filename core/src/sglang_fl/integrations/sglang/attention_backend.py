@@ -199,7 +199,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
             native = self._declined(AttentionOp.EXTEND, exc)
             # The new K/V are already stored.
-            return native.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False)
+            ran: torch.Tensor = native.forward_extend(
+                q, k, v, layer, forward_batch, save_kv_cache=False
+            )
+            return ran
         return out.view(-1, heads * v_dim)
 
     def forward_decode(
@@ -234,7 +237,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
             native = self._declined(AttentionOp.DECODE, exc)
             # The new K/V are already stored.
-            return native.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False)
+            ran: torch.Tensor = native.forward_decode(
+                q, k, v, layer, forward_batch, save_kv_cache=False
+            )
+            return ran
         return out.view(-1, heads * v_dim)
 
     def _begin(
