@@ -18,9 +18,7 @@ What each test guards against, as on 4ee63c2:
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,40 +26,20 @@ from typing import Any
 import pytest
 from engines import EnginePool
 from hostile_vendor import DECODE_DECLINE, DECODE_FAULT, FACTORY_IMPL_ID
-from installed_dists import pythonpath_with
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-
-from sglang_fl.dispatch_report import read_log
+from test_attention_selection import forward as run_forward
+from test_attention_selection import result
 
 pytest.importorskip("sglang")
 
 KERNEL_BACKEND = "reference.sglang_fl_attention"
 
 
-def forward(
-    pool: EnginePool, tmp_path: Path, *, timeout: float = ENGINE_TIMEOUT_S, **env: str
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    log = tmp_path / "dispatch.jsonl"
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(HERE / "backend_forward.py")],
-            env=clean_env(
-                SGLANG_FL_DISPATCH_LOG=str(log),
-                PYTHONPATH=pythonpath_with(pool.site("hostile")),
-                **env,
-            ),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"backend_forward.py with {env} hung: still running after {timeout:.0f} s")
-    return proc, read_log(log) if log.exists() else []
+def forward(pool: EnginePool, tmp_path: Path, **env: str) -> Any:
+    return run_forward(pool, tmp_path, "hostile", **env)
 
 
 def served(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = result(proc)
     assert (found["same"], found["pools_same"]) == (True, True), found
     return found
 
@@ -100,9 +78,7 @@ def test_a_factory_that_exits_or_hangs_is_a_fallback_and_the_next_candidate_serv
     engine_pool: EnginePool, tmp_path: Path, how: str, named: str
 ) -> None:
     started = time.monotonic()
-    proc, rows = forward(
-        engine_pool, tmp_path, timeout=240, HOSTILE_FACTORY=how, SGLANG_FL_PLUGIN_TIMEOUT="2"
-    )
+    proc, rows = forward(engine_pool, tmp_path, HOSTILE_FACTORY=how, SGLANG_FL_PLUGIN_TIMEOUT="2")
     assert served(proc)["backend_class"] == "SglangFlAttnBackend"
     assert time.monotonic() - started < 200
     (fallback,) = [r for r in rows if r["event"] == "fallback"]

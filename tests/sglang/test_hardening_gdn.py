@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 from engines import EnginePool
 from installed_dists import pythonpath_with
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-
-from sglang_fl.dispatch_report import read_log
+from sglang_processes import ENGINE_TIMEOUT_S, clean_env
+from test_attention_selection import forward, result
 
 pytest.importorskip("sglang")
 
@@ -33,28 +32,8 @@ PACKED_TARGET = f"sglang.kernels.ops.attention.fla.fused_recurrent.{PACKED}"
 NORM_TARGET = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
 
 
-def run(
-    pool: EnginePool, tmp_path: Path, **env: str
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    log = tmp_path / "dispatch.jsonl"
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "gdn_route_run.py")],
-        env=clean_env(
-            SGLANG_FL_DISPATCH_LOG=str(log),
-            PYTHONPATH=pythonpath_with(pool.site("hostile")),
-            **env,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    return proc, read_log(log) if log.exists() else []
-
-
-def result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return found
+def run(pool: EnginePool, tmp_path: Path, **env: str) -> Any:
+    return forward(pool, tmp_path, "hostile", script="gdn_route_run.py", **env)
 
 
 def test_a_gdn_decline_falls_back_reported(engine_pool: EnginePool, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import torch
 from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
+from .dispatch.binder import Decline
 from .errors import ConfigError
 from .schema import portable_json
 from .verify import VERIFY_EVENT
@@ -103,6 +104,18 @@ class DispatchReport:
                 os.close(self._open(log_path))
             except OSError as exc:
                 raise ConfigError(_log_error(log_path, exc)) from None
+
+    def report_decline(self, decline: Decline) -> None:
+        """A routed implementation's first decline of a call, per reason: a ``fallback``
+        record (a chain's ``on_decline``, for the layers and the collectives alike)."""
+        self.emit(
+            ReportEvent.FALLBACK,
+            op=decline.op,
+            impl_id=decline.impl_id,
+            next_impl_id=decline.next_impl_id,
+            reason=decline.reason,
+            runner=Runner.SGLANG_FL,
+        )
 
     def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""

@@ -176,34 +176,9 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        served = self._begin(AttentionOp.EXTEND, layer, forward_batch, kwargs, k, v, save_kv_cache)
-        if isinstance(served, str):
-            handed: torch.Tensor = self._sglang(served).forward_extend(
-                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
-            )
-            return handed
-        kernel, md = served
-        heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
-        try:
-            out: torch.Tensor = kernel(
-                q.view(-1, heads, layer.qk_head_dim),
-                self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-                self.req_to_token_pool.req_to_token,
-                md.req_pool_indices,
-                md.seq_lens,
-                md.extend_prefix_lens,
-                md.extend_seq_lens,
-                self.page_size,
-            )
-        except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
-            native = self._declined(AttentionOp.EXTEND, exc)
-            # The new K/V are already stored.
-            ran: torch.Tensor = native.forward_extend(
-                q, k, v, layer, forward_batch, save_kv_cache=False
-            )
-            return ran
-        return out.view(-1, heads * v_dim)
+        return self._forward(
+            AttentionOp.EXTEND, q, k, v, layer, forward_batch, save_kv_cache, kwargs
+        )
 
     def forward_decode(
         self,
@@ -215,32 +190,46 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        served = self._begin(AttentionOp.DECODE, layer, forward_batch, kwargs, k, v, save_kv_cache)
+        return self._forward(
+            AttentionOp.DECODE, q, k, v, layer, forward_batch, save_kv_cache, kwargs
+        )
+
+    def _forward(
+        self,
+        op_name: str,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool,
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        """Both forwards: the layer's bound kernel over the pool, or SGLang's torch_native for
+        what the ops do not cover and for a call every allowed kernel declined."""
+        served = self._begin(op_name, layer, forward_batch, kwargs, k, v, save_kv_cache)
         if isinstance(served, str):
-            handed: torch.Tensor = self._sglang(served).forward_decode(
-                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
-            )
-            return handed
+            native = self._sglang(served)
+            return _native_forward(native, op_name, q, k, v, layer, forward_batch, save_kv_cache)
         kernel, md = served
         heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
+        args = [
+            # As torch_native: a compiled rope may hand over a 3-D q.
+            q.reshape(-1, heads, layer.qk_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            md.req_pool_indices,
+            md.seq_lens,
+        ]
+        if op_name == AttentionOp.EXTEND:
+            args += [md.extend_prefix_lens, md.extend_seq_lens]
         try:
-            out: torch.Tensor = kernel(
-                # As torch_native: a compiled rope may hand over a 3-D q.
-                q.reshape(-1, heads, layer.qk_head_dim),
-                self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-                self.req_to_token_pool.req_to_token,
-                md.req_pool_indices,
-                md.seq_lens,
-                self.page_size,
-            )
+            out: torch.Tensor = kernel(*args, self.page_size)
         except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
-            native = self._declined(AttentionOp.DECODE, exc)
+            native = self._declined(op_name, exc)
             # The new K/V are already stored.
-            ran: torch.Tensor = native.forward_decode(
-                q, k, v, layer, forward_batch, save_kv_cache=False
-            )
-            return ran
+            return _native_forward(native, op_name, q, k, v, layer, forward_batch, False)
         return out.view(-1, heads * v_dim)
 
     def _begin(
@@ -444,6 +433,22 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
                 return
             self._reported.add(marker)
         self.report.emit(event, **fields)
+
+
+def _native_forward(
+    native: Any,
+    op_name: str,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    layer: Any,
+    forward_batch: Any,
+    save_kv_cache: bool,
+) -> torch.Tensor:
+    """SGLang's torch_native running one call of ``op_name`` (extend or decode)."""
+    forward = native.forward_decode if op_name == AttentionOp.DECODE else native.forward_extend
+    ran: torch.Tensor = forward(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache)
+    return ran
 
 
 def _op_label(layer: Any, op_name: str) -> str:

@@ -42,7 +42,7 @@ from ...communicators import (
     open_communicator,
     plugin_of,
 )
-from ...dispatch.binder import Decline, FallbackChain
+from ...dispatch.binder import FallbackChain
 from ...dispatch.types import BackendImplKind, OpImpl
 from ...dispatch_report import CommunicatorState, DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError, Unsupported
@@ -210,18 +210,8 @@ class CollectiveRouter:
             op,
             chain,
             strict=self.runtime.config.strict,
-            on_decline=self._report_decline,
+            on_decline=self.report.report_decline,
             before_next=confirm,
-        )
-
-    def _report_decline(self, decline: Decline) -> None:
-        self.report.emit(
-            ReportEvent.FALLBACK,
-            op=decline.op,
-            impl_id=decline.impl_id,
-            next_impl_id=decline.next_impl_id,
-            reason=decline.reason,
-            runner=Runner.SGLANG_FL,
         )
 
     def _bind(self, coordinator: Any, group: CollectiveGroup, op: str, fn: Any) -> None:
