@@ -13,6 +13,7 @@ import pytest
 
 from sglang_fl import Unsupported
 from sglang_fl.dispatch.binder import REASONS_REPORTED, FallbackChain
+from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl
 from sglang_fl.errors import RegistrationError
 from sglang_fl.guard import PLUGIN_TEXT_LIMIT, capped, describe_exception
@@ -131,9 +132,6 @@ def test_a_probe_reason_and_a_no_kernel_reason_are_cut(plugin_site):
 
 
 def test_a_registration_error_names_the_field():
-    with pytest.raises(RegistrationError, match="at most 200 allowed"):
-        from sglang_fl.dispatch.registry import OpRegistry
-
-        OpRegistry().register(
-            OpImpl("silu_and_mul", "vendor.x." + "q" * 300, BackendImplKind.VENDOR, reference, "x")
-        )
+    impl = OpImpl("silu_and_mul", "vendor.x." + "q" * 300, BackendImplKind.VENDOR, reference, "x")
+    with pytest.raises(RegistrationError, match="impl_id='vendor.x.qqq.*at most 200 allowed"):
+        OpRegistry().register(impl)
