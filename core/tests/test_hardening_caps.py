@@ -133,5 +133,5 @@ def test_a_probe_reason_and_a_no_kernel_reason_are_cut(plugin_site):
 
 def test_a_registration_error_names_the_field():
     impl = OpImpl("silu_and_mul", "vendor.x." + "q" * 300, BackendImplKind.VENDOR, reference, "x")
-    with pytest.raises(RegistrationError, match="impl_id='vendor.x.qqq.*at most 200 allowed"):
+    with pytest.raises(RegistrationError, match=r"impl_id='vendor\.x\.qqq.*at most 200 allowed"):
         OpRegistry().register(impl)
