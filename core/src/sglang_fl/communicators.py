@@ -120,7 +120,10 @@ def _local_choice(runtime: Runtime, op: str) -> tuple[_RankChoice, tuple[OpImpl,
         for c in resolution.decision.candidates
         if c.outcome is CandidateOutcome.REJECTED
     }
-    chain = resolution.chain
+    # Every usable candidate, in order: strict mode keeps the first alone when it binds
+    # (FallbackChain), where a decline is then its StrictModeError.
+    decision = resolution.decision
+    chain = (decision.chosen, *decision.fallbacks)
     return _RankChoice(tuple(i.impl_id for i in chain), rejected), chain
 
 
