@@ -135,8 +135,14 @@ def ask_schedulers_to_exit(engine: Any, timeout: float) -> None:
     Sends SGLang's ``ShutdownReq`` (each scheduler leaves its event loop and releases what it
     holds) and waits up to ``timeout`` seconds for the scheduler processes to exit; whatever is
     left, and every other child, is then SGLang's own ``Engine.shutdown()``'s to kill. Does
-    nothing for an attached engine or an SGLang without these pieces.
+    nothing for an attached engine, an SGLang without these pieces, or an engine whose
+    schedulers do not honour the request: SGLang 0.5.23's pipeline-parallel and
+    data-parallel event loops never read it (``scheduler_pp_mixin.event_loop_pp``), so asking
+    would only delay their kill by ``timeout``.
     """
+    args = getattr(engine, "server_args", None)
+    if getattr(args, "pp_size", 1) != 1 or getattr(args, "dp_size", 1) != 1:
+        return
     manager = getattr(engine, "tokenizer_manager", None)
     dispatch = getattr(manager, "_dispatch_to_scheduler", None)
     request = find_attribute("sglang.srt.managers.io_struct.ShutdownReq")
