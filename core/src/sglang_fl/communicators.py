@@ -127,7 +127,7 @@ def _local_choice(runtime: Runtime, op: str) -> tuple[_RankChoice, tuple[OpImpl,
     return _RankChoice(tuple(i.impl_id for i in chain), rejected), chain
 
 
-def _describe_ranks(op: str, choices: list[_RankChoice]) -> str:
+def _describe_ranks(choices: list[_RankChoice]) -> str:
     """``rank 0 chose vendor.x.all_reduce, rank 1 chose reference.all_reduce (vendor.x...:
     unavailable: ...)``: every rank's own choice, with why it lacks the others' choices."""
     firsts = {c.chain[0] for c in choices if c.chain}
@@ -146,7 +146,7 @@ def _agree_one(
     op: str, choices: list[_RankChoice], mine: tuple[OpImpl, ...], strict: bool, where: str
 ) -> AgreedChoice:
     local = mine[0] if mine else None
-    ranks = _describe_ranks(op, choices)
+    ranks = _describe_ranks(choices)
     common = [i for i in choices[0].chain if all(i in c.chain for c in choices[1:])]
     if any(c.error is not None for c in choices) or not common:
         problem = f"no implementation of {op} is usable on every rank of {where}: {ranks}"
