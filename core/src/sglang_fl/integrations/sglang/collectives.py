@@ -134,9 +134,8 @@ class CollectiveRouter:
         of the group (the agreement and the communicator set-up are CPU-group collectives)."""
         group = self.group_of(coordinator)
         agreed = agree_on_collectives(self.runtime, group, METHODS)
-        plugins = sorted(
-            {p for c in agreed.values() if c.chosen for p in [plugin_of(c.chosen)] if p}
-        )
+        chosen = [c.chosen for c in agreed.values() if c.chosen is not None]
+        plugins = sorted({p for p in map(plugin_of, chosen) if p is not None})
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
         }
