@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (
+    CollectiveDivergenceError,
     ConfigError,
+    ContractViolationError,
     NoImplementationError,
     PluginLoadError,
     RegistrationError,
@@ -45,8 +47,10 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
+    "CollectiveDivergenceError",
     "CollectiveGroup",
     "ConfigError",
+    "ContractViolationError",
     "DtypeSet",
     "NoImplementationError",
     "OpImpl",

@@ -27,6 +27,7 @@ import torch
 
 from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
+from ...verify import Verifier
 from .compat import SglangApi
 from .function_routes import Forward, FunctionRoute, route_functions
 
@@ -427,7 +428,9 @@ def pageable_when_unpinnable(original: Callable[..., Any], *args: Any, **kwargs:
         torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
 
 
-def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+def route_linear_attention(
+    api: SglangApi, runtime: Runtime, report: DispatchReport, verifier: Verifier | None = None
+) -> None:
     """Register an ``AROUND`` hook for each GDN function whose op runs through sglang-fl."""
     if runtime.platform() is None and not torch.accelerator.is_available():
         # sglang-fl's CPU platform serves: make SGLang's hybrid radix cache run there.
@@ -436,4 +439,12 @@ def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchRep
         )
     # Not wrapped by graph.graph_safe: these ops have no graph spec (torch.compile custom
     # ops) yet; SGLang runs its GDN path eagerly outside CUDA graphs anyway.
-    route_functions(api, runtime, report, GDN_ROUTES, api.hook_type_around, custom_ops=False)
+    route_functions(
+        api,
+        runtime,
+        report,
+        GDN_ROUTES,
+        api.hook_type_around,
+        custom_ops=False,
+        verifier=verifier,
+    )

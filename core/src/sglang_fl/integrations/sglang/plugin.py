@@ -48,5 +48,5 @@ def _start() -> Router:
     report = DispatchReport(runtime.config.dispatch_log)
     router = Router(api, runtime, report)
     api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
-    install_seams(api, runtime, report)
+    install_seams(api, runtime, report, router.verifier)
     return router

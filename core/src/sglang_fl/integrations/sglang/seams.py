@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
+from ...verify import Verifier
 from . import attention_backend
 from .collectives import route_collectives
 from .compat import SglangApi
@@ -18,10 +19,13 @@ from .linear_attention import route_linear_attention
 __all__ = ["install_seams"]
 
 
-def install_seams(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+def install_seams(
+    api: SglangApi, runtime: Runtime, report: DispatchReport, verifier: Verifier
+) -> None:
     """Hook SGLang's kernel functions, register the ``sglang_fl`` attention backend, hook the
-    linear-attention kernels and the collectives (each reports what it routed)."""
-    route_kernel_functions(api, runtime, report)
+    linear-attention kernels and the collectives (each reports what it routed). ``verifier``
+    is the router's, so verify mode checks the routed functions in the one process verifier."""
+    route_kernel_functions(api, runtime, report, verifier)
     attention_backend.install()
-    route_linear_attention(api, runtime, report)
+    route_linear_attention(api, runtime, report, verifier)
     route_collectives(api, runtime, report)
