@@ -15,6 +15,13 @@ decline (e.g. ``npu_mrope``'s head-size alignment) show as ``skipped``; a case t
 rejects anyway shows as ``failed`` with the operator's message. Exit status: 0 when all cases
 pass or are declined, 1 otherwise, 2 when the backend is unavailable. The runner is core's
 :mod:`sglang_fl.testing.hardware`; this file only says what is Ascend's own.
+
+Decode has two operators: SGLang's default ``_npu_paged_attention`` (16-aligned pages) and FIA
+(``npu_fused_infer_attention_score``: other pages and windows, and every decode call with
+``ASCEND_USE_FIA=1``, read once per process). Run the script once without and once with
+``ASCEND_USE_FIA=1`` to check both on the same cases. The GDN ops run only where
+``sgl_kernel_npu`` is installed (otherwise declined, so ``skipped``; the heading gives its
+probe's verdict).
 """
 
 from __future__ import annotations
@@ -24,19 +31,31 @@ from collections.abc import Sequence
 
 import torch
 from sglang_fl_ascend import plugin
-from sglang_fl_ascend.backend import TORCH_NPU
+from sglang_fl_ascend.backend import TORCH_NPU, SglKernelNpuBackend
 
 from sglang_fl.testing.hardware import HardwareTarget, run_hardware_conformance
+from sglang_fl.types import Availability
 
 
 def synchronize() -> None:
     torch.npu.synchronize()  # type: ignore[attr-defined]  # torch.npu exists once torch_npu is in
 
 
+def probe() -> Availability:
+    """torch_npu's verdict, which decides whether the script runs, with sgl_kernel_npu's after
+    it in the heading: without that package the GDN rows are declined (``skipped``)."""
+    found = TORCH_NPU.probe()
+    if not found:
+        return found
+    gdn = SglKernelNpuBackend().is_available()
+    verdict = gdn.reason if gdn else f"unavailable: {gdn.reason}"
+    return Availability(True, f"{found.reason}; GDN ops (sgl_kernel_npu): {verdict}")
+
+
 TARGET = HardwareTarget(
     title="sglang-fl-ascend",
     register=plugin.sglang_fl_register_ops,  # the adapters exactly as the plugin registers them
-    probe=TORCH_NPU.probe,
+    probe=probe,
     device="npu",
     synchronize=synchronize,
     sglang_forward="forward_npu",

@@ -7,6 +7,7 @@ its probe, its device, synchronize and SGLang method.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -16,8 +17,9 @@ import pytest
 import torch
 from sgl_kernel_npu_double import SglKernelNpuDouble
 from sglang_fl_ascend import plugin
-from sglang_fl_ascend.backend import TORCH_NPU
+from sglang_fl_ascend.backend import SGL_KERNEL_NPU, TORCH_NPU
 from sglang_fl_ascend.impl.collectives import COLLECTIVES
+from sglang_fl_ascend.impl.linear_attention import ADAPTERS as GDN
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl.dispatch.types import Availability
@@ -42,7 +44,7 @@ def test_the_target_is_ascend(script: ModuleType, monkeypatch: pytest.MonkeyPatc
         "forward_npu",
     )
     assert target.register is plugin.sglang_fl_register_ops
-    assert target.probe == TORCH_NPU.probe
+    assert target.probe is script.probe
     synchronized: list[str] = []
     npu = SimpleNamespace(synchronize=lambda: synchronized.append("npu"))
     monkeypatch.setattr(torch, "npu", npu, raising=False)  # torch.npu, as torch_npu adds it
@@ -167,3 +169,38 @@ def test_the_reference_is_computed_on_the_host(
     # Per case: the adapter's inputs and the reference's, for the check and for the error figures.
     assert sorted(set(made_for)) == ["cpu", "cpu:0"]
     assert made_for.count("cpu") == made_for.count("cpu:0") == 2 * len(contract.cases)
+
+
+@pytest.fixture
+def no_sgl_kernel_npu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sgl_kernel_npu not importable, and neither probe's verdict cached, for one test."""
+    monkeypatch.setitem(sys.modules, SGL_KERNEL_NPU.name, None)  # import raises ImportError
+    for sdk in (TORCH_NPU, SGL_KERNEL_NPU):
+        monkeypatch.setattr(sdk, "_probed", None)
+    monkeypatch.setattr(SGL_KERNEL_NPU, "module", None)
+    monkeypatch.setattr(SGL_KERNEL_NPU, "_error", None)
+
+
+def test_the_heading_gives_sgl_kernel_npu_s_verdict(
+    script: ModuleType, torch_npu: TorchNpuDouble, no_sgl_kernel_npu: None
+) -> None:
+    """torch_npu decides whether the script runs; the heading says why the GDN rows are
+    declined on an NPU without sgl_kernel_npu."""
+    found = script.probe()
+    assert found
+    assert found.reason.startswith("torch_npu ")
+    assert "; GDN ops (sgl_kernel_npu): unavailable: sgl_kernel_npu import failed" in found.reason
+
+
+def test_without_sgl_kernel_npu_the_gdn_rows_are_declined(
+    script: ModuleType, torch_npu: TorchNpuDouble, no_sgl_kernel_npu: None
+) -> None:
+    """The script calls every adapter, past the backend's probe: without the package each GDN
+    call is declined with the reason (``skipped``), none fails on the import."""
+    found = run_cases(script.TARGET, sorted(GDN), [torch.bfloat16], device="cpu", repeat=0)
+    assert {r.op for r in found} == set(GDN)
+    assert "failed" not in {r.status for r in found}, [r.message for r in found]
+    declined = [r for r in found if r.status == "skipped"]
+    assert {r.op for r in declined} == set(GDN)  # every op reaches the package on some case
+    unusable = [r for r in declined if "sgl_kernel_npu, not usable here" in r.message]
+    assert {r.op for r in unusable} == set(GDN)
