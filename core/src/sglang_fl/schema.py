@@ -25,10 +25,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "CandidateJson",
     "ConfigurationJson",
+    "ContractJson",
     "DecisionJson",
     "DoctorPayload",
     "ExplainPayload",
     "ImplFields",
+    "InPlaceJson",
     "JsonNumber",
     "OpReport",
     "OpsPayload",
@@ -36,7 +38,9 @@ __all__ = [
     "PluginSummary",
     "PluginsPayload",
     "ProvenanceFields",
+    "RuleJson",
     "SettingJson",
+    "ToleranceJson",
     "TorchReport",
     "VerifyRecordJson",
     "VerifySummaryPayload",
@@ -127,6 +131,56 @@ class NoKernelJson(ProvenanceFields):
     reason: str
 
 
+class RuleJson(TypedDict):
+    """A rule of an op's math as a formula (a mask, a cap, a scale)."""
+
+    name: str
+    formula: str
+
+
+class ToleranceJson(TypedDict):
+    """``|got - want| <= atol + rtol * |want|`` for outputs in ``dtype``."""
+
+    dtype: str
+    atol: float
+    rtol: float
+
+
+class InPlaceJson(TypedDict):
+    """What the kit's cases say of one argument they check: in how many it must stay
+    untouched, in how many an output must be this argument's storage (written in place), and
+    which outputs. Arguments no case checks are not listed."""
+
+    argument: str
+    untouched: int
+    written: int
+    outputs: list[int]
+
+
+class ContractJson(TypedDict):
+    """An op's whole contract (``explain OP --json``'s ``contract``; the API pages).
+
+    ``details`` is the contract in words, ``rules`` the math as formulas, ``layer_attributes``
+    what the implementation may read from ``obj``; ``cases`` the names of the kit's cases, each
+    run in every dtype (on every world size, for a collective): ``checks`` comparisons.
+    """
+
+    op: str
+    summary: str
+    signature: str
+    sglang_layer: str
+    details: str
+    rules: list[RuleJson]
+    layer_attributes: list[str]
+    dtypes: list[str]
+    tolerances: list[ToleranceJson]
+    in_place: list[InPlaceJson]
+    cases: list[str]
+    checks: int
+    world_sizes: list[int] | None  # a collective's (its cases run on several ranks)
+    peers: list[str]  # ops a collective's case also calls (``recv`` for ``send``)
+
+
 class OpReport(DecisionJson):
     """``ops --json``'s entries and ``explain OP --json``: the decision and the op's contract."""
 
@@ -194,7 +248,10 @@ class OpsPayload(TypedDict):
 
 
 class ExplainPayload(OpReport):
+    """``explain OP``: the decision, and the op's whole contract (``None`` for a selection)."""
+
     schema_version: int
+    contract: ContractJson | None
 
 
 class DoctorPayload(TypedDict):
