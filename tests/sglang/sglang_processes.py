@@ -23,6 +23,34 @@ from typing import Any
 HERE = Path(__file__).parent
 # Start-up of an engine or server on 2 busy cores, the model loaded included.
 ENGINE_TIMEOUT_S = 600
+# Where built test models live between runs: outside the clone, so a fresh clone on the same
+# machine reuses them (each builder stamps what it built and rebuilds on a mismatch).
+TEST_CACHE_ENV = "SGLANG_FL_TEST_CACHE"
+
+# Every SGLang engine or server this pytest process started (a name per start), for the
+# session's summary: engine starts are the end-to-end suite's main cost.
+ENGINE_STARTS: list[str] = []
+
+
+def count_engine_start(what: str) -> None:
+    """Record one engine start (an ``sglang.Engine``, a server, a rank set) for the summary."""
+    ENGINE_STARTS.append(what)
+
+
+def persistent_cache(*parts: str) -> Path:
+    """A directory under the tests' persistent cache: ``$SGLANG_FL_TEST_CACHE``, else
+    ``$XDG_CACHE_HOME/sglang-fl-tests`` (``~/.cache/sglang-fl-tests``)."""
+    configured = os.environ.get(TEST_CACHE_ENV, "").strip()
+    if configured:
+        root = Path(configured).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl-tests"
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 STANDARD_LAYERS = {
     "silu_and_mul": "sglang.srt.layers.activation.SiluAndMul",
     "rms_norm": "sglang.srt.layers.layernorm.RMSNorm",
@@ -61,6 +89,7 @@ def run_engine(
     ``engine_run.py`` (``--dtype``, ``--chat``).
     """
     command = [sys.executable, str(HERE / "engine_run.py"), str(model), str(max_new_tokens)]
+    count_engine_start(f"engine_run.py {model.name}")
     proc = subprocess.run(
         [*command, *prompts, *options],
         env=env,
@@ -156,6 +185,7 @@ def launch_server(
         "--port", str(port),
         "--log-level", "warning",
     ]  # fmt: skip
+    count_engine_start(f"launch_server {model.name}")
     with output.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
