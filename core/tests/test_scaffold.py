@@ -407,3 +407,27 @@ def test_the_template_imports_only_the_public_api(tmp_path: Path) -> None:
             }
             ours = {m for m in modules if m.split(".")[0] == "sglang_fl"}
             assert ours <= allowed, f"{path}: imports {ours - allowed}"
+
+
+DOCS = REPO / "docs"
+
+
+@pytest.mark.skipif(not DOCS.is_dir(), reason="needs the repository's docs/")
+def test_the_pages_listing_the_templates_stubs_follow_the_template() -> None:
+    """Operators' template column says ``stub`` exactly for the ops the template has a stub
+    for; the Vendors table states their number and the op left out."""
+    from sglang_fl.ops import STANDARD_OPS
+
+    ops = set(scaffold.template_ops())
+    column = {}
+    for line in (DOCS / "reference" / "operators.md").read_text().splitlines():
+        match = re.match(r"^\| `(\w+)` \|.*\| (\w+) \|$", line)
+        if match and match[1] in STANDARD_OPS:
+            column[match[1]] = match[2]
+    assert set(column) == set(STANDARD_OPS)
+    assert {op for op, cell in column.items() if cell == "stub"} == ops
+    (row,) = [
+        line for line in (DOCS / "running.md").read_text().splitlines() if "| Template |" in line
+    ]
+    missing = sorted(set(STANDARD_OPS) - ops)
+    assert f"every standard op but {', '.join(f'`{op}`' for op in missing)} ({len(ops)}:" in row
