@@ -70,3 +70,57 @@ def test_cpu_device_module_shim_keeps_torch_compile_working() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok", done.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "report"),
+    [
+        (
+            {},
+            {
+                "platform": platform.CPU_PLATFORM,
+                "platform_source": "sglang-fl-cpu",
+                "attention_backend": "sglang_fl",
+                "attention_implementation": "reference.sglang_fl_attention",
+            },
+        ),
+        (
+            {"SGLANG_USE_CPU_ENGINE": "1"},
+            {
+                "platform": None,
+                "platform_source": "sglang-cpu-engine",
+                "attention_backend": "intel_amx",
+                "attention_implementation": None,
+            },
+        ),
+    ],
+    ids=["sglang-fl-cpu", "sglang-cpu-engine"],
+)
+def test_doctor_names_the_platform_and_the_attention_backend_an_engine_gets(
+    env: dict[str, str], report: dict[str, Any]
+) -> None:
+    """What ``sglang.Engine(model_path=..., device="cpu")`` gets here, asked in a fresh process
+    the way an operator asks it."""
+    import json
+    import subprocess
+    import sys
+
+    from sglang_processes import ENGINE_TIMEOUT_S, clean_env
+
+    command = [sys.executable, "-m", "sglang_fl", "doctor"]
+    done = subprocess.run(
+        [*command, "--json"],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    sglang = json.loads(done.stdout)["sglang"]
+    assert {key: sglang[key] for key in report} == report, sglang
+    assert sglang["version"] == compat.sglang_version()
+    text = subprocess.run(
+        command, env=clean_env(**env), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+    ).stdout
+    shown = report["platform"] or "SGLang's own"
+    assert f"  platform           {shown}  (" in text
+    assert f"  attention backend  {report['attention_backend']}" in text

@@ -48,6 +48,7 @@ from .schema import (
     OpReport,
     OpsPayload,
     PluginsPayload,
+    SglangReport,
     TorchReport,
     portable_json,
     provenance_fields,
@@ -405,6 +406,42 @@ def _installed_version(distribution: str) -> str | None:
         return None
 
 
+def _sglang_report(runtime: Runtime, problems: list[str]) -> SglangReport:
+    """SGLang's version, the platform sglang-fl offers it here and the attention backend an
+    engine gets; asking SGLang's own accelerator probes imports SGLang (a few seconds)."""
+    report: SglangReport = {
+        "version": _installed_version("sglang"),
+        "platform": None,
+        "platform_source": None,
+        "platform_reason": "SGLang is not installed",
+        "attention_backend": None,
+        "attention_backend_reason": "SGLang is not installed",
+        "attention_implementation": None,
+    }
+    if report["version"] is None:
+        return report
+    from .integrations.sglang.platform_choice import choose_platform, default_attention_backend
+
+    try:
+        choice = choose_platform(runtime)
+    except SglangFlError as exc:  # a plugin's bad platform answer under SGLANG_FL_STRICT=1
+        problems.append(f"SGLang platform: {exc}")
+        report["platform_reason"] = report["attention_backend_reason"] = str(exc)
+        return report
+    backend, why = default_attention_backend(choice, runtime)
+    report["platform"], report["platform_source"] = choice.path, choice.source.value
+    report["platform_reason"] = choice.reason
+    report["attention_backend"], report["attention_backend_reason"] = backend, why
+    if backend == "sglang_fl":
+        try:
+            chosen = _decide(runtime, SGLANG_ATTENTION_BACKEND).decision.chosen
+        except SglangFlError as exc:
+            problems.append(f"selection {SGLANG_ATTENTION_BACKEND!r}: {exc}")
+        else:
+            report["attention_implementation"] = chosen.impl_id
+    return report
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     runtime = _runtime()
     problems = [
@@ -425,13 +462,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         except SglangFlError as exc:
             problems.append(f"op {op_name!r}: {exc}")
     problems.extend(firstresult_disagreements(hooks_report(runtime)))
+    sglang = _sglang_report(runtime, problems)
     payload: DoctorPayload = {
         "schema_version": SCHEMA_VERSION,
         "sglang_fl": {"version": __version__, "module": __file__},
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
         "torch": _torch_report(),
-        "sglang": {"version": _installed_version("sglang")},
+        "sglang": sglang,
         "vllm": {"version": vllm_version()},
         "configuration": runtime.config.to_dict(),
         "plugins": {
@@ -449,7 +487,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"platform  {payload['platform']}",
             f"torch     {torch_info.get('version')}  cuda: {torch_info.get('cuda')}  "
             f"torch_npu installed: {torch_info.get('torch_npu_installed')}",
-            f"sglang    {payload['sglang']['version'] or 'not installed'}",
+            f"sglang    {sglang['version'] or 'not installed'}",
+            *_sglang_lines(sglang),
             *([f"vllm      {payload['vllm']['version']}"] if payload["vllm"]["version"] else []),
             f"config    file: {payload['configuration']['config_file'] or '(none)'}",
         ]
@@ -463,6 +502,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     _emit(args, payload, text)
     return 0 if not problems else 1
+
+
+def _sglang_lines(sglang: SglangReport) -> list[str]:
+    """``doctor``'s two lines under the SGLang version: platform and attention backend."""
+    if sglang["version"] is None:
+        return []
+    platform_name = sglang["platform"] or "SGLang's own"
+    backend = sglang["attention_backend"] or "chosen by SGLang"
+    if sglang["attention_implementation"]:
+        backend += f" -> {sglang['attention_implementation']}"
+    return [
+        f"  platform           {platform_name}  ({sglang['platform_reason']})",
+        f"  attention backend  {backend}  ({sglang['attention_backend_reason']})",
+    ]
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:

