@@ -2,8 +2,8 @@
 
 ``python tp_engine_run.py MODEL_DIR MAX_NEW_TOKENS --tp N --pp M PROMPT...`` prints one JSON
 line ``{"pid", "output_ids", "texts"}`` last, like ``engine_run.py`` (whose engine settings it
-uses). Each rank is one SGLang scheduler process; give it a core with
-``SGLANG_CPU_OMP_THREADS_BIND`` (``"0|1"`` for two ranks on two cores).
+uses). Each rank is one SGLang scheduler process; give it its cores with
+``SGLANG_CPU_OMP_THREADS_BIND`` (docs/running.md, "Several ranks on the CPU").
 """
 
 from __future__ import annotations
