@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from sglang_fl.config import Settings
+from sglang_fl.dispatch.availability import AvailabilityCache
+from sglang_fl.dispatch.policy import SelectionPolicy
+from sglang_fl.dispatch.registry import OpRegistry
+from sglang_fl.dispatch.resolve import CandidateOutcome, Decision, resolve
 from sglang_fl.dispatch_report import DispatchReport, ReportEvent, process_role, read_log
+from sglang_fl.ops import get_contract
+from sglang_fl.types import Availability, BackendImplKind, OpImpl
 
 
 @pytest.mark.parametrize(
@@ -64,3 +71,44 @@ def test_a_spawned_process_without_a_title_gets_the_role_of_its_entry_function(
         ("Spawn-run_detokenizer_process", "detokenizer"),
         ("Spawn-helper", "Spawn-helper"),
     ]
+
+
+def _decision(op: str, *, denied: bool = False) -> Decision:
+    """``op`` decided among the reference, a vendor whose probe says no and (with ``denied``)
+    a vendor the deny list excludes."""
+    registry = OpRegistry()
+    contract = get_contract(op)
+    offline = Availability(False, "chip: no device (driver not loaded)")
+    registry.register_many(
+        [
+            OpImpl(op, f"reference.{op}", BackendImplKind.REFERENCE, contract.reference),
+            OpImpl(op, f"vendor.chip.{op}", BackendImplKind.VENDOR, contract.reference,
+                   vendor="chip", available=lambda: offline),
+            OpImpl(op, f"vendor.other.{op}", BackendImplKind.VENDOR, contract.reference,
+                   vendor="other"),
+        ]
+    )  # fmt: skip
+    settings = Settings.from_environment({"SGLANG_FL_DENY_VENDORS": "other"} if denied else {})
+    return resolve(op, registry, SelectionPolicy(settings), AvailabilityCache(timeout=10)).decision
+
+
+def test_the_first_record_of_an_op_names_every_rejected_candidate_and_why() -> None:
+    report = DispatchReport(None)
+    decision = _decision("rms_norm", denied=True)
+    fields = report.decision_fields(decision)
+    assert fields["impl_id"] == "reference.rms_norm"
+    assert fields["fallbacks"] == []
+    reasons = {c["impl_id"]: (c["reason"], c["availability_reason"]) for c in fields["rejected"]}
+    assert reasons["vendor.chip.rms_norm"] == (
+        "unavailable: chip: no device (driver not loaded)",
+        "chip: no device (driver not loaded)",
+    )
+    assert "deny" in reasons["vendor.other.rms_norm"][0].lower()
+    assert fields["rejected"] == [
+        c.to_dict() for c in decision.candidates if c.outcome is CandidateOutcome.REJECTED
+    ]
+    # Once per op and process: later records of the op (other layer classes) carry none.
+    assert "rejected" not in report.decision_fields(decision)
+    assert report.rejected_once(decision) == {}
+    assert "rejected" in report.decision_fields(_decision("silu_and_mul"))
+    assert report.rejected_once(None) == {}

@@ -80,7 +80,6 @@ def declined(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     served = root / "served.txt"
     env = {
-        "SGLANG_MAMBA_CONV_DTYPE": "float32",
         "PYTHONPATH": path,
         GDN_SERVED_LOG_ENV: str(served),
     }

@@ -28,8 +28,9 @@ import torch
 from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
+from .dispatch.resolve import CandidateOutcome, Decision
 from .errors import ConfigError
-from .schema import portable_json
+from .schema import impl_fields, portable_json
 from .verify import VERIFY_EVENT
 
 __all__ = ["DispatchReport", "ReportEvent", "Runner", "process_role", "read_log"]
@@ -122,6 +123,7 @@ class DispatchReport:
         not an ``OSError`` inside SGLang's hook later."""
         self.log_path = log_path
         self._lock = threading.Lock()
+        self._described: set[str] = set()  # ops whose rejected candidates were reported
         reset_locks_in_child(self)  # a thread emitting at fork time must not hang the child
         if log_path is not None:
             try:
@@ -191,6 +193,30 @@ class DispatchReport:
         if self.log_path is not None:
             self._append(self.log_path, record)
         return record
+
+    def decision_fields(self, decision: Decision) -> dict[str, Any]:
+        """What a record naming the implementation that serves ``decision.op`` carries: the
+        chosen one (``impl_id``, ``kind``, ``vendor``, provenance), its ``fallbacks`` in order
+        and, the first time the op is reported, ``rejected`` (:meth:`rejected_once`)."""
+        return {
+            **impl_fields(decision.chosen),
+            "fallbacks": [impl.impl_id for impl in decision.fallbacks],
+            **self.rejected_once(decision),
+        }
+
+    def rejected_once(self, decision: Decision | None) -> dict[str, Any]:
+        """``{"rejected": [...]}`` for the first record of ``decision.op`` in this process, else
+        ``{}``: every candidate that never runs here, as ``sglang-fl explain`` shows it (its
+        ``reason``; a vendor whose probe said no with the probe's ``availability_reason``), so
+        the report says why a vendor was skipped in the engine's own environment."""
+        if decision is None:
+            return {}
+        with self._lock:
+            if decision.op in self._described:
+                return {}
+            self._described.add(decision.op)
+        rejected = [c for c in decision.candidates if c.outcome is CandidateOutcome.REJECTED]
+        return {"rejected": [verdict.to_dict() for verdict in rejected]}
 
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.Lock()

@@ -122,7 +122,8 @@ class CollectiveRouter:
             except NoImplementationError as exc:
                 if self.runtime.config.strict:
                     raise
-                self._emit_sglang(coordinator, group, op, f"{exc}; left to SGLang")
+                rejected = self.report.rejected_once(exc.decision)
+                self._emit_sglang(coordinator, group, op, f"{exc}; left to SGLang", **rejected)
         plugins = sorted({p for p in map(_vendor_plugin, chosen.values()) if p is not None})
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
@@ -141,7 +142,8 @@ class CollectiveRouter:
                     "only the reference serves this collective here; SGLang's own method "
                     "(pynccl, custom all-reduce) is the faster path, kept"
                 )
-                self._emit_sglang(coordinator, group, op, reason)
+                rejected = self.report.rejected_once(self.runtime.resolve(op).decision)
+                self._emit_sglang(coordinator, group, op, reason, **rejected)
                 continue
             bound_group = group
             if outcome is not None and outcome.communicator is not None:
@@ -214,13 +216,16 @@ class CollectiveRouter:
     ) -> None:
         fields = self._base_fields(group, op)
         fields.update(runner=Runner.SGLANG_FL, also_serves=also_serves, **impl_fields(impl))
+        fields.update(self.report.rejected_once(self.runtime.resolve(op).decision))
         if fallback_from is not None:
             fields.update(fallback_from=fallback_from.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
 
-    def _emit_sglang(self, coordinator: Any, group: CollectiveGroup, op: str, reason: str) -> None:
+    def _emit_sglang(
+        self, coordinator: Any, group: CollectiveGroup, op: str, reason: str, **rejected: Any
+    ) -> None:
         fields = self._base_fields(group, op)
-        fields.update(runner=Runner.SGLANG, impl_id=None, reason=reason)
+        fields.update(runner=Runner.SGLANG, impl_id=None, reason=reason, **rejected)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
 
 

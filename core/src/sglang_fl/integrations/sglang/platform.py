@@ -26,7 +26,6 @@ __all__ = [
     "ENTRY_POINT_NAME",
     "activate",
     "in_tree_accelerator",
-    "sglang_fl_platform_active",
 ]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
@@ -114,20 +113,3 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
         ``chunk_gated_delta_rule`` returns; sglang-fl's GDN ops provide both on any device.
         """
         return True
-
-
-def sglang_fl_platform_active() -> bool:
-    """Whether SGLang's current platform is one sglang-fl offers: its CPU platform, or the one
-    a vendor plugin declares (``sglang_fl_platform``)."""
-    from sglang.srt.platforms import current_platform
-
-    if isinstance(current_platform, SglangFlCpuPlatform):
-        return True
-    if not current_platform.is_out_of_tree():
-        return False
-    declared = get_runtime().platform()
-    cls = type(current_platform)
-    return (
-        declared is not None
-        and declared.replace(":", ".") == f"{cls.__module__}.{cls.__qualname__}"
-    )

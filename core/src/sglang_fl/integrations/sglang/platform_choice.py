@@ -27,6 +27,7 @@ __all__ = [
     "choose_platform",
     "default_attention_backend",
     "in_tree_accelerator",
+    "sglang_fl_platform_active",
 ]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
@@ -180,3 +181,18 @@ def _platform_default_backend(path: str) -> object:
     """Instantiate the platform class at ``path`` (``module:Class``) and ask its default."""
     platform_class = pkgutil.resolve_name(path)
     return platform_class().get_default_attention_backend()
+
+
+def sglang_fl_platform_active(runtime: Runtime) -> bool:
+    """Whether SGLang's current platform in this process is one sglang-fl offers: its CPU
+    platform, or the one a vendor plugin declares (``sglang_fl_platform``)."""
+    from sglang.srt.platforms import current_platform
+
+    cls = type(current_platform)
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    if path == CPU_PLATFORM:
+        return True
+    if not current_platform.is_out_of_tree():
+        return False
+    declared = runtime.platform()
+    return declared is not None and declared.replace(":", ".") == path.replace(":", ".")

@@ -25,6 +25,7 @@ from .compat import RESOLVE_TARGET, find_sglang_api
 from .kernel_functions import route_kernel_functions
 from .linear_attention import route_linear_attention
 from .router import Router, get_router, keep_router
+from .server_args import install as install_server_args
 
 __all__ = ["Router", "get_router", "register"]
 
@@ -53,6 +54,7 @@ def _start() -> Router:
     api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
     route_kernel_functions(api, runtime, report)
     attention_backend.install()
+    install_server_args(api, report)
     route_linear_attention(api, runtime, report)
     route_collectives(api, runtime, report)
     return router
