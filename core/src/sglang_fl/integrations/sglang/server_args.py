@@ -63,7 +63,7 @@ _DTYPE_NAMES = {
     "torch.bfloat16": "bfloat16",
     "torch.float16": "float16",
 }
-# Server arguments that name an attention backend, per phase ("" for both).
+# The server arguments naming a phase's attention backend, the more specific first.
 _BACKEND_FIELDS = {
     "prefill": ("prefill_attention_backend", "attention_backend"),
     "decode": ("decode_attention_backend", "attention_backend"),
@@ -90,9 +90,16 @@ def install(api: SglangApi, report: DispatchReport) -> None:
     except ImportError as exc:
         _log.warning("sglang-fl: SGLang has no resolution hooks (%s); its defaults apply", exc)
     else:
-        register_resolution_hook("handle_missing_default_values")(_default_device)
-        register_resolution_hook("handle_cpu_backends")(_default_attention_backend)
-        register_resolution_hook("handle_mamba_backend")(_default_conv_state_dtype)
+        steps = {
+            "handle_missing_default_values": _default_device,
+            "handle_cpu_backends": _default_attention_backend,
+            "handle_mamba_backend": _default_conv_state_dtype,
+        }
+        for step, wrapper in steps.items():
+            try:
+                register_resolution_hook(step)(wrapper)
+            except ValueError as exc:  # not a step this SGLang lets plugins wrap
+                _log.warning("sglang-fl: %s; SGLang's own %s applies", exc, step)
 
     def around_build(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         backends = original(*args, **kwargs)
