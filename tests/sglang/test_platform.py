@@ -107,9 +107,8 @@ def test_doctor_names_the_platform_and_the_attention_backend_an_engine_gets(
 
     from sglang_processes import ENGINE_TIMEOUT_S, clean_env
 
-    command = [sys.executable, "-m", "sglang_fl", "doctor"]
     done = subprocess.run(
-        [*command, "--json"],
+        [sys.executable, "-m", "sglang_fl", "doctor", "--json"],
         env=clean_env(**env),
         capture_output=True,
         text=True,
@@ -118,12 +117,23 @@ def test_doctor_names_the_platform_and_the_attention_backend_an_engine_gets(
     sglang = json.loads(done.stdout)["sglang"]
     assert {key: sglang[key] for key in report} == report, sglang
     assert sglang["version"] == compat.sglang_version()
+
+
+def test_doctors_text_shows_the_platform_and_the_attention_backend() -> None:
+    import subprocess
+    import sys
+
+    from sglang_processes import ENGINE_TIMEOUT_S, clean_env
+
     text = subprocess.run(
-        command, env=clean_env(**env), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+        [sys.executable, "-m", "sglang_fl", "doctor"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
     ).stdout
-    shown = report["platform"] or "SGLang's own"
-    assert f"  platform           {shown}  (" in text
-    assert f"  attention backend  {report['attention_backend']}" in text
+    assert f"  platform           {platform.CPU_PLATFORM}  (no accelerator SGLang" in text
+    assert "  attention backend  sglang_fl -> reference.sglang_fl_attention  (" in text
 
 
 # -- SGLang's argument resolution on sglang-fl's platform (server_args.py) ---------------------
