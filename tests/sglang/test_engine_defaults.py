@@ -1,84 +1,39 @@
 """The documented start, ``sglang.Engine(model_path=..., device="cpu")``: what an engine gets on
 sglang-fl's platform, and what its dispatch report says about it.
 
-Two shared engines of the tiny Llama (``engines.py``):
+Two shared engines (``configurations.py``), no engine of their own:
 
-- ``OFFLINE``: started exactly as docs/running.md shows, beside an installed vendor whose
-  availability probe says no (``offline_chip``: kernels for ``rms_norm`` and the attention ops).
-  sglang-fl's attention backend serves, its ops run on sglang-fl's kernels and the tokens are
-  transformers'; every record names its process's role, the records a scheduler writes before
-  SGLang names it included; the first record of each op in a process lists the candidates that
-  never run there, the vendor with its probe's reason.
-- ``NATIVE``: the same start with ``attention_backend="torch_native"``: the explicit choice
-  wins, and the scheduler's ``attention_backend`` record names it and why.
+- :data:`~configurations.LLAMA`, started as docs/running.md shows (no attention backend named),
+  beside an installed vendor whose availability probe says no (``offline_vendor``: kernels for
+  ``rms_norm`` and the attention ops). sglang-fl's attention backend serves, its ops run on
+  sglang-fl's kernels and the tokens are transformers'; every record names its process's role,
+  the records a scheduler writes before SGLang names it included; the first record of each op in
+  a process lists the candidates that never run there, the vendor with its probe's reason.
+- :data:`~configurations.GEMMA3_SGLANG` (matrix tier), ``attention_backend="torch_native"``: the
+  explicit choice wins, and the scheduler's ``attention_backend`` record names it and why.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import Engine, EngineSpec, register_site
-from installed_dists import ENTRY_POINT_GROUP, install_dist
+from configurations import GEMMA3_SGLANG, LLAMA
+from engines import Engine
+from offline_vendor import OFFLINE_DISTRIBUTION, OFFLINE_OPS, OFFLINE_REASON
 
 pytest.importorskip("sglang")
 
-OFFLINE_REASON = "offline_chip: no device (driver not loaded)"
-OFFLINE_OPS = ("rms_norm", "decode_attention", "extend_attention")
-OFFLINE_MODULE = f'''
-"""A vendor whose chip is not in this machine: its probe says no, with a reason."""
-from sglang_fl.ops import get_contract
-from sglang_fl.types import Availability, BackendImplKind, OpImpl, hookimpl
-
-
-def available():
-    return Availability(False, {OFFLINE_REASON!r})
-
-
-@hookimpl
-def sglang_fl_register_ops(registry):
-    registry.register_many(
-        [
-            OpImpl(
-                op_name=op,
-                impl_id=f"vendor.offline_chip.{{op}}",
-                kind=BackendImplKind.VENDOR,
-                fn=get_contract(op).reference,
-                vendor="offline_chip",
-                available=available,
-            )
-            for op in {OFFLINE_OPS!r}
-        ]
-    )
-'''
-
-
-def _offline_chip(root: Path) -> Path:
-    return install_dist(
-        root,
-        "sglang-fl-offline-chip",
-        "0.1.0",
-        files={"sglang_fl_offline_chip.py": OFFLINE_MODULE},
-        entry_points={ENTRY_POINT_GROUP: {"offline_chip": "sglang_fl_offline_chip"}},
-    )
-
-
-register_site("offline_chip", _offline_chip)
-
-OFFLINE = EngineSpec.of("llama", sites=("offline_chip",))
-NATIVE = EngineSpec.of("llama", attention_backend="torch_native")
 PROMPTS = ["def main():", "import os\nimport sys\n", "class Config:"]
 MAX_NEW_TOKENS = 12
 ATTENTION_OPS = ("store_kv_cache", "decode_attention", "extend_attention")
-RADIX = "sglang.srt.layers.radix_attention.RadixAttention"
 
 
 def _scheduler(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["role"] == "scheduler"]
 
 
-@pytest.mark.engine(OFFLINE)
+@pytest.mark.engine(LLAMA)
 def test_the_documented_start_runs_attention_through_sglang_fl(engine: Engine, oracle) -> None:
     outputs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
     assert [o["output_ids"] for o in outputs] == oracle("llama", PROMPTS, MAX_NEW_TOKENS)
@@ -97,7 +52,7 @@ def test_the_documented_start_runs_attention_through_sglang_fl(engine: Engine, o
     assert not [r for r in records if r["event"] == "handoff"], "nothing is handed to SGLang"
 
 
-@pytest.mark.engine(OFFLINE)
+@pytest.mark.engine(LLAMA)
 def test_every_record_names_its_role_even_before_sglang_names_the_process(
     engine: Engine,
 ) -> None:
@@ -115,7 +70,7 @@ def test_every_record_names_its_role_even_before_sglang_names_the_process(
     assert {r["pid"] for r in layers} == {early["pid"]}
 
 
-@pytest.mark.engine(OFFLINE)
+@pytest.mark.engine(LLAMA)
 def test_records_say_why_the_vendor_was_skipped_once_per_op_and_process(
     engine: Engine,
 ) -> None:
@@ -129,7 +84,7 @@ def test_records_say_why_the_vendor_was_skipped_once_per_op_and_process(
         assert rejected["impl_id"] == f"vendor.offline_chip.{op}"
         assert (rejected["plugin"], rejected["distribution"]) == (
             "offline_chip",
-            "sglang-fl-offline-chip",
+            OFFLINE_DISTRIBUTION,
         )
         assert rejected["available"] is False
         assert rejected["availability_reason"] == OFFLINE_REASON
@@ -141,10 +96,8 @@ def test_records_say_why_the_vendor_was_skipped_once_per_op_and_process(
     assert all("rejected" not in r for r in silu[1:])
 
 
-@pytest.mark.engine(NATIVE)
-def test_an_explicit_attention_backend_wins_and_the_report_says_why(engine: Engine, oracle) -> None:
-    outputs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
-    assert [o["output_ids"] for o in outputs] == oracle("llama", PROMPTS, MAX_NEW_TOKENS)
+@pytest.mark.engine(GEMMA3_SGLANG)
+def test_an_explicit_attention_backend_wins_and_the_report_says_why(engine: Engine) -> None:
     records = _scheduler(engine.records())
     (backend,) = [r for r in records if r["event"] == "attention_backend"]
     assert (backend["backend"], backend["runner"]) == ("torch_native", "sglang")
