@@ -508,6 +508,23 @@ def vllm(session: nox.Session) -> None:
 
 
 @nox.session
+def sglang_venv(session: nox.Session) -> None:
+    """An SGLang venv on the CPU to develop a vendor wheel in, kept at ``.nox/sglang_venv``.
+
+    SGLang 0.5.23's CPU environment (requirements/sglang-cpu.txt, installed as the ``sglang``
+    sessions install it), this checkout's core editable, pytest, and each project named after
+    ``--`` editable (a vendor's own, e.g. ``../sglang-fl-my-chip``); then ``sglang-fl doctor``
+    in it shows the platform and attention backend an engine there gets. Not a default session:
+    ``bash scripts/sglang-venv.sh [PROJECT...]`` runs it and keeps the venv for later runs.
+    """
+    install_sglang(session)
+    session.install("pytest", PYTEST_TIMEOUT)
+    session.install("-e", str(CORE), *(arg for path in session.posargs for arg in ("-e", path)))
+    session.run("sglang-fl", "doctor", success_codes=[0, 1])
+    session.log(f"ready: . {session.virtualenv.location}/bin/activate")
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The main job: a real chat model answering on the CPU through sglang-fl, then the report."""
     install_sglang_and_core(session)

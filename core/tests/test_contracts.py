@@ -362,3 +362,86 @@ def test_rotary_packed_cases_cut_q_and_k_from_one_qkv_row():
         row = (p["q_heads"] + 2 * p["kv_heads"]) * p["head_size"]
         assert query.stride(0) == key.stride(0) == row
         assert key.data_ptr() - query.data_ptr() == p["q_heads"] * p["head_size"] * 4
+
+
+# -- the whole contract, as explain and the API pages show it --------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(STANDARD_OPS))
+def test_every_contract_describes_itself_in_words_and_in_cases(op):
+    contract = get_contract(op)
+    described = contract.describe()
+    assert described["details"].strip(), f"{op}: no contract text (its signature's docstring)"
+    assert described["details"] == contract.details
+    assert described["signature"] == contract.signature_text()
+    assert described["cases"] == [case.name for case in contract.cases]
+    world_sizes = len(contract.collective.world_sizes) if contract.collective else 1
+    assert described["checks"] == len(contract.cases) * len(contract.dtypes) * world_sizes
+    assert [t["dtype"] for t in described["tolerances"]] == described["dtypes"]
+    # The in-place rules are the cases' own: every listed count adds up to the cases stating it.
+    generator = torch.Generator().manual_seed(0)
+    stated = {name: 0 for name in contract.parameter_names}
+    for case in contract.cases:
+        inputs = contract.make_inputs(case, contract.dtypes[0], torch.device("cpu"), generator)
+        for name in {*inputs.preserved, *inputs.written_in_place.values()} & set(stated):
+            stated[name] += 1
+    for entry in described["in_place"]:
+        assert entry["untouched"] + entry["written"] == stated[entry["argument"]], entry
+
+
+def test_store_kv_cache_is_written_in_place_and_decode_writes_nothing():
+    store = {e["argument"]: e for e in get_contract("store_kv_cache").describe()["in_place"]}
+    assert store["k_cache"]["outputs"] == [0]
+    assert store["v_cache"]["outputs"] == [1]
+    decode = get_contract("decode_attention").describe()["in_place"]
+    assert decode
+    assert all(e["written"] == 0 for e in decode)
+
+
+@pytest.mark.parametrize("op", ["decode_attention", "extend_attention"])
+def test_attention_contracts_state_their_masks_as_formulas(op):
+    rules = {rule.name: rule.formula for rule in get_contract(op).rules}
+    assert {"positions", "scores", "soft-capping", "causal mask", "sliding window"} <= set(rules)
+    assert "the key at i - w is included" in rules["sliding window"]
+    assert "c * tanh(s(i, j) / c)" in rules["soft-capping"]
+    assert "head_dim ** -0.5" in rules["scores"]
+
+
+def _window_decode_inputs(window: int, seq_len: int = 12, head_dim: int = 16):
+    """One request, one kv head: the decode query at position seq_len - 1 over a window."""
+    from sglang_fl.ops.attention import attention_layer
+
+    generator = torch.Generator().manual_seed(3)
+    k = torch.randn(seq_len + 1, 1, head_dim, generator=generator)
+    v = torch.randn(seq_len + 1, 1, head_dim, generator=generator)
+    q = torch.randn(1, 1, head_dim, generator=generator)
+    req_to_token = torch.arange(1, seq_len + 1, dtype=torch.int32).unsqueeze(0)  # slot 0: padding
+    layer = attention_layer(scaling=head_dim**-0.5, sliding_window_size=window)
+    lens = torch.tensor([seq_len])
+    return layer, q, k, v, req_to_token, torch.tensor([0]), lens
+
+
+def test_the_sliding_window_rule_is_what_the_reference_computes():
+    """The window rule as printed: with w, the query at i sees i - w (included) to i."""
+    reference = get_contract("decode_attention").reference
+    window, seq_len = 4, 12
+    layer, q, k, v, req_to_token, rows, lens = _window_decode_inputs(window, seq_len)
+    base = reference(layer, q, k, v, req_to_token, rows, lens)
+    i = seq_len - 1
+    for position, seen in ((i - window, True), (i - window - 1, False)):
+        changed = k.clone()
+        changed[1 + position] += 5.0  # slot of the key at that position
+        out = reference(layer, q, changed, v, req_to_token, rows, lens)
+        assert (not torch.equal(out, base)) is seen, f"key at i - {i - position}"
+
+
+def test_the_soft_cap_rule_is_what_the_reference_computes():
+    from sglang_fl.ops.attention import attention_layer
+
+    reference = get_contract("decode_attention").reference
+    layer, q, k, v, req_to_token, rows, lens = _window_decode_inputs(-1)
+    capped = attention_layer(scaling=layer.scaling, logit_cap=0.5)
+    scores = (q[0, 0] @ k[1:, 0].T) * layer.scaling
+    want = torch.softmax(0.5 * torch.tanh(scores / 0.5), dim=-1) @ v[1:, 0]
+    got = reference(capped, q, k, v, req_to_token, rows, lens)
+    torch.testing.assert_close(got[0, 0], want)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,220 @@ def test_vendors_template_is_the_rendered_template(tmp_path: Path) -> None:
         if (TEMPLATE_VENDOR / path).read_bytes() != (tmp_path / path).read_bytes()
     ]
     assert drifted == [], fix
+
+
+# -- new-vendor --ops: only the chosen ops' stubs ----------------------------------------------
+
+
+def _registered(project: Path, package: str) -> dict[str, str]:
+    """plugin.py's table, op -> the name it registers (read, not imported)."""
+    tree = ast.parse((project / "src" / package / "plugin.py").read_text())
+    (table,) = [
+        node.args[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", "") == "implementations"
+        and node.args
+    ]
+    assert isinstance(table, ast.Dict)
+    return {k.value: v.id for k, v in zip(table.keys, table.values, strict=True)}  # type: ignore[union-attr]
+
+
+def _registered_ops_of_the_test(project: Path, name: str) -> set[str]:
+    tree = ast.parse((project / "tests" / f"test_{name}_plugin.py").read_text())
+    (value,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "REGISTERED_OPS"
+    ]
+    return set(ast.literal_eval(value))
+
+
+def _functions(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_the_template_has_a_stub_for_every_standard_op_but_the_listed_ones() -> None:
+    from sglang_fl.ops import STANDARD_OPS
+
+    ops = scaffold.template_ops()
+    assert len(ops) == len(set(ops))
+    assert set(STANDARD_OPS) - set(ops) == {"fused_gate_sigmoid_mul"}
+    rendered = _registered(TEMPLATE_VENDOR, "sglang_fl_template")
+    assert tuple(rendered) == ops
+
+
+CHOSEN = ("silu_and_mul", "decode_attention", "all_reduce", "chunk_gated_delta_rule")
+
+
+def test_ops_keeps_only_those_stubs_their_imports_and_the_tests_list(tmp_path: Path) -> None:
+    target, files = new_vendor("acme_npu", tmp_path / "p", ops=CHOSEN)
+    package = target / "src" / "sglang_fl_acme_npu"
+    table = _registered(target, "sglang_fl_acme_npu")
+    assert list(table) == [op for op in scaffold.template_ops() if op in CHOSEN]
+    assert _registered_ops_of_the_test(target, "acme_npu") == set(CHOSEN)
+    # Families without a chosen op are gone; the chosen stubs are all that is left of the rest.
+    impl = sorted(p.name for p in (package / "impl").iterdir())
+    assert impl == [
+        "__init__.py",
+        "activation.py",
+        "attention.py",
+        "collectives.py",
+        "linear_attention.py",
+    ]
+    assert _functions(package / "impl" / "activation.py") == {"silu_and_mul"}
+    assert _functions(package / "impl" / "attention.py") == {"decode_attention"}
+    assert _functions(package / "impl" / "collectives.py") == {"all_reduce"}
+    assert _functions(package / "impl" / "linear_attention.py") == {"chunk_gated_delta_rule"}
+    assert sorted(p.as_posix() for p in files) == sorted(
+        p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()
+    )
+    plugin = (package / "plugin.py").read_text()
+    assert "normalization" not in plugin
+    assert "from .impl.activation import silu_and_mul\n" in plugin
+
+
+def test_every_template_op_alone_gives_a_project_that_compiles(tmp_path: Path) -> None:
+    """Each op alone (aliased imports, multi-line signatures, a family's last stub): every file
+    left parses, names only what it imports, and registers exactly that op."""
+    names = VendorNames.parse("acme_npu")
+    for op in scaffold.template_ops():
+        root = tmp_path / op
+        root.mkdir()
+        render(names, root)
+        scaffold.keep_only(root, names, [op])
+        assert list(_registered(root, names.package)) == [op]
+        assert _registered_ops_of_the_test(root, names.name) == {op}
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            imported = {
+                alias.asname or alias.name.split(".")[0]
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names
+            }
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            unused = imported - used - {"annotations"}
+            assert not unused, f"--ops {op}: {path.relative_to(root)} imports {unused} unused"
+
+
+def test_ops_output_passes_ruff(tmp_path: Path) -> None:
+    """Formatted as ruff formats it, and no unused import or undefined name (pyflakes)."""
+    ruff = pytest.importorskip("ruff")
+    import subprocess
+    import sys
+
+    del ruff
+    target, _ = new_vendor("acme_npu", tmp_path / "p", ops=CHOSEN)
+    for args in (
+        ["format", "--check", "--line-length", "100"],
+        ["check", "--select", "E,F,W", "--line-length", "100"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *args, str(target)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ops_output_registers_those_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The pruned plugin imports and its hook registers exactly the chosen ops."""
+    import importlib
+    import sys
+
+    from sglang_fl.types import OpRegistry
+
+    target, _ = new_vendor("prune_chip", tmp_path / "p", ops=CHOSEN)
+    monkeypatch.syspath_prepend(str(target / "src"))
+    try:
+        module = importlib.import_module("sglang_fl_prune_chip.plugin")
+        registry = OpRegistry()
+        module.sglang_fl_register_ops(registry)
+        registered = {op for op in registry.ops() if registry.implementations(op)}
+        assert registered == set(CHOSEN)
+    finally:
+        for name in [m for m in sys.modules if m.startswith("sglang_fl_prune_chip")]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        ("rms_nrom", "unknown op 'rms_nrom' (did you mean 'rms_norm'?)"),
+        ("fused_gate_sigmoid_mul", "the template has no stub for 'fused_gate_sigmoid_mul'"),
+        (" , ", "--ops names no op"),
+    ],
+)
+def test_ops_the_template_cannot_give_are_refused(tmp_path: Path, ops: str, message: str) -> None:
+    parser = argparse.ArgumentParser(prog="sglang-fl")
+    scaffold.add_cli(parser.add_subparsers(dest="command"))
+    with pytest.raises(ScaffoldError, match=re.escape(message)):
+        new_vendor("acme_npu", tmp_path / "p", ops=scaffold.parse_ops(ops))
+    assert not (tmp_path / "p").exists()
+
+
+def test_cli_ops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="sglang-fl")
+    scaffold.add_cli(parser.add_subparsers(dest="command"))
+    argv = [
+        "new-vendor",
+        "acme_npu",
+        "--ops",
+        "rms_norm,silu_and_mul",
+        "--dir",
+        str(tmp_path / "p"),
+    ]
+    args = parser.parse_args(argv)
+    assert args.ops == ("rms_norm", "silu_and_mul")
+    assert args.handler(args) == 0
+    out = capsys.readouterr().out
+    assert "  src/sglang_fl_acme_npu/impl/normalization.py\n" in out
+    assert "impl/rotary.py" not in out
+    assert _registered_ops_of_the_test(tmp_path / "p", "acme_npu") == {"rms_norm", "silu_and_mul"}
+
+
+def test_the_template_imports_only_the_public_api(tmp_path: Path) -> None:
+    """A plugin imports ``sglang_fl`` and ``sglang_fl.types`` (and the kit and the op contracts
+    in its tests and helpers); the seed paths ``sglang_fl.dispatch.*`` keep working but the
+    template neither imports nor names them."""
+    render(VendorNames.parse("acme_npu"), tmp_path)
+    allowed = {"sglang_fl", "sglang_fl.types", "sglang_fl.testing"}
+    for path in tmp_path.rglob("*"):
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        assert "sglang_fl.dispatch" not in text, path
+        if path.suffix == ".py":
+            modules = {
+                node.module
+                for node in ast.walk(ast.parse(text))
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+            }
+            ours = {m for m in modules if m.split(".")[0] == "sglang_fl"}
+            assert ours <= allowed, f"{path}: imports {ours - allowed}"
+
+
+DOCS = REPO / "docs"
+
+
+@pytest.mark.skipif(not DOCS.is_dir(), reason="needs the repository's docs/")
+def test_the_pages_listing_the_templates_stubs_follow_the_template() -> None:
+    """Operators' template column says ``stub`` exactly for the ops the template has a stub
+    for; the Vendors table states their number and the op left out."""
+    from sglang_fl.ops import STANDARD_OPS
+
+    ops = set(scaffold.template_ops())
+    column = {}
+    for line in (DOCS / "reference" / "operators.md").read_text().splitlines():
+        match = re.match(r"^\| `(\w+)` \|.*\| (\w+) \|$", line)
+        if match and match[1] in STANDARD_OPS:
+            column[match[1]] = match[2]
+    assert set(column) == set(STANDARD_OPS)
+    assert {op for op, cell in column.items() if cell == "stub"} == ops
+    (row,) = [
+        line for line in (DOCS / "running.md").read_text().splitlines() if "| Template |" in line
+    ]
+    missing = sorted(set(STANDARD_OPS) - ops)
+    assert f"every standard op but {', '.join(f'`{op}`' for op in missing)} ({len(ops)}:" in row

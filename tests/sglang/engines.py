@@ -169,6 +169,7 @@ def _default_sites() -> None:
     from collective_vendor import collective_vendor_site
     from decline_vendor import decline_vendor_site, gdn_decline_vendor_site
     from hostile_vendor import hostile_vendor_site
+    from offline_vendor import offline_vendor_site
     from probe_vendor import probe_vendor_site
     from skewed_vendor import skewed_vendor_site
 
@@ -180,6 +181,7 @@ def _default_sites() -> None:
         "gdndecline": gdn_decline_vendor_site,
         "skewed": skewed_vendor_site,
         "hostile": hostile_vendor_site,
+        "offline_chip": offline_vendor_site,
     }
     for name, build in defaults.items():
         _SITES.setdefault(name, build)

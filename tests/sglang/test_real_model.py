@@ -46,13 +46,23 @@ QUESTIONS = [
 MAX_NEW_TOKENS = 24
 
 
+ATTENTION_OPS = ("store_kv_cache", "decode_attention", "extend_attention")
+RADIX = "sglang.srt.layers.radix_attention.RadixAttention"
+
+
 def assert_scheduler_routed(rows: list[dict[str, Any]], main_pid: int) -> None:
-    """The scheduler process ran every standard layer through sglang-fl."""
+    """The scheduler process ran every standard layer through sglang-fl, and its attention
+    layers' ops through sglang-fl's attention backend (the default on its platform: none of
+    these engines names one)."""
     layers = scheduler_layers(rows, main_pid)
     for op_name, layer in STANDARD_LAYERS.items():
         row = layers.get(layer)
         assert row is not None, f"the scheduler never resolved {layer}: {sorted(layers)}"
         assert (row["runner"], row["op"]) == ("sglang-fl", op_name), row
+    for op_name in ATTENTION_OPS:
+        row = layers.get(f"{RADIX}[{op_name}]")
+        assert row is not None, f"the scheduler's attention never ran {op_name}: {sorted(layers)}"
+        assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"reference.{op_name}"), row
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +92,11 @@ def test_bfloat16_sglangs_own_paths_route_nothing(engine: Engine, real_model: Pa
     _SGLANG_OWN.append(chat_answers(engine, real_model))
     rows = engine.records()
     assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
-    assert not [r for r in rows if r["event"] == "layer" and r["runner"] == "sglang-fl"], (
+    # The switch forces the fused ops; the attention backend is another choice (sglang_fl, the
+    # platform's default, as in the routed engine: the comparison is of the fused ops alone).
+    fused = [r for r in rows if r["event"] == "layer" and not r.get("attention_backend")]
+    assert fused, "the scheduler resolved no fused-op layer"
+    assert not [r for r in fused if r["runner"] == "sglang-fl"], (
         "SGLang's forced backend wins over sglang-fl's route"
     )
 

@@ -40,12 +40,15 @@ from .ops.attention import SGLANG_ATTENTION_BACKEND
 from .runtime import Runtime
 from .schema import (
     SCHEMA_VERSION,
+    ContractJson,
     DecisionJson,
     DoctorPayload,
     ExplainPayload,
+    InPlaceJson,
     OpReport,
     OpsPayload,
     PluginsPayload,
+    SglangReport,
     TorchReport,
     portable_json,
     provenance_fields,
@@ -286,35 +289,96 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0 if all(r["error"] is None for r in reports) else 1
 
 
+def contract_text(contract: ContractJson) -> list[str]:
+    """``explain``'s contract section: the contract in words, its rules as formulas, dtypes and
+    tolerances, what may be written in place, and every case the kit runs."""
+    lines = ["contract:"]
+    lines.extend(f"  {line}".rstrip() for line in contract["details"].splitlines())
+    if contract["rules"]:
+        lines.append("rules:")
+        for rule in contract["rules"]:
+            wrapped = textwrap.wrap(rule["formula"], 92 - len(rule["name"]))
+            lines.append(f"  {rule['name']}: {wrapped[0]}")
+            lines.extend(f"  {' ' * len(rule['name'])}  {more}" for more in wrapped[1:])
+    if contract["layer_attributes"]:
+        lines.append(f"layer (obj) attributes read: {', '.join(contract['layer_attributes'])}")
+    tolerances = ", ".join(
+        f"{t['dtype']} (atol={t['atol']:g}, rtol={t['rtol']:g})" for t in contract["tolerances"]
+    )
+    lines.append(f"dtypes: {tolerances}")
+    cases = len(contract["cases"])
+    lines.append(f"in place (over the kit's {cases} cases):")
+    for entry in contract["in_place"]:
+        lines.append(f"  {entry['argument']}: {_in_place_verdict(entry, cases)}")
+    runs = f" x {len(contract['world_sizes'])} world sizes" if contract["world_sizes"] else ""
+    lines.append(
+        f"kit: {cases} cases x {len(contract['dtypes'])} dtypes{runs} = {contract['checks']} "
+        "checks against the reference"
+    )
+    if contract["world_sizes"]:
+        peers = f", with its peer {', '.join(contract['peers'])}" if contract["peers"] else ""
+        sizes = ", ".join(map(str, contract["world_sizes"]))
+        lines.append(f"  a collective: each case runs on {sizes} spawned ranks{peers}")
+    lines.extend(f"  {name}" for name in contract["cases"])
+    return lines
+
+
+def _in_place_verdict(entry: InPlaceJson, cases: int) -> str:
+    """One argument's in-place rule, as the kit's cases state it."""
+    outputs = ", ".join(str(i) for i in entry["outputs"])
+    parts = []
+    if entry["written"]:
+        every = "every case" if entry["written"] == cases else f"{entry['written']} cases"
+        parts.append(f"written in place and returned as output {outputs} ({every})")
+    if entry["untouched"]:
+        every = "every case" if entry["untouched"] == cases else f"{entry['untouched']} cases"
+        parts.append(f"must stay untouched ({every})")
+    if entry["written"] + entry["untouched"] < cases:
+        parts.append("unchecked in the other cases")
+    return "; ".join(parts)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     runtime = _runtime()
     report = _op_report(runtime, args.op)
+    contract = None if args.op in SELECTIONS else get_contract(args.op).describe()
 
     def text() -> str:
         lines = [f"{report['op']}: {report['signature']}  (SGLang layer {report['sglang_layer']})"]
-        if report["error"] is not None:
-            lines.append(f"  no implementation: {report['error']}")
-            return "\n".join(map(printable, lines))
-        lines.append(f"  order: {' > '.join(report['order'])}  (from {report['order_source']})")
-        for c in report["candidates"]:
-            lines.append(
-                f"  {c['outcome']:>8}  {c['impl_id']}  [{c['kind']}, vendor={c['vendor']}, "
-                f"priority={c['priority']}, from {c['plugin']} ({c['distribution']} "
-                f"{c['version']})]"
-            )
-            lines.append(f"            {c['reason']}")
-            if c["availability_reason"] and c["outcome"] is not CandidateOutcome.REJECTED:
-                lines.append(f"            availability: {c['availability_reason']}")
-        for gap in report["no_kernel"]:
-            lines.append(
-                f"  no kernel from {gap['plugin']} ({gap['distribution']} {gap['version']}): "
-                f"{gap['reason']}"
-            )
+        if contract is not None:
+            lines.append(f"  {contract['summary']}")
+        lines.extend(_decision_text(report))
+        if contract is not None:
+            lines.extend(["", *contract_text(contract)])
         return "\n".join(map(printable, lines))  # one line each, whatever a plugin wrote
 
-    payload: ExplainPayload = {"schema_version": SCHEMA_VERSION, **report}
+    payload: ExplainPayload = {"schema_version": SCHEMA_VERSION, **report, "contract": contract}
     _emit(args, payload, text)
     return 0 if report["error"] is None else 1
+
+
+def _decision_text(report: OpReport) -> list[str]:
+    """``explain``'s decision section: the order, then every candidate's verdict."""
+    lines = []
+    if report["error"] is not None:
+        lines.append(f"  no implementation: {report['error']}")
+        return lines
+    lines.append(f"  order: {' > '.join(report['order'])}  (from {report['order_source']})")
+    for c in report["candidates"]:
+        lines.append(
+            f"  {c['outcome']:>8}  {c['impl_id']}  [{c['kind']}, vendor={c['vendor']}, "
+            f"priority={c['priority']}, from {c['plugin']} ({c['distribution']} "
+            f"{c['version']})]"
+        )
+        lines.append(f"            {c['reason']}")
+        if c["availability_reason"] and c["outcome"] is not CandidateOutcome.REJECTED:
+            lines.append(f"            availability: {c['availability_reason']}")
+    for gap in report["no_kernel"]:
+        lines.append(
+            f"  no kernel from {gap['plugin']} ({gap['distribution']} {gap['version']}): "
+            f"{gap['reason']}"
+        )
+    return lines
 
 
 def _torch_report() -> TorchReport:
@@ -342,6 +406,42 @@ def _installed_version(distribution: str) -> str | None:
         return None
 
 
+def _sglang_report(runtime: Runtime, problems: list[str]) -> SglangReport:
+    """SGLang's version, the platform sglang-fl offers it here and the attention backend an
+    engine gets; asking SGLang's own accelerator probes imports SGLang (a few seconds)."""
+    report: SglangReport = {
+        "version": _installed_version("sglang"),
+        "platform": None,
+        "platform_source": None,
+        "platform_reason": "SGLang is not installed",
+        "attention_backend": None,
+        "attention_backend_reason": "SGLang is not installed",
+        "attention_implementation": None,
+    }
+    if report["version"] is None:
+        return report
+    from .integrations.sglang.platform_choice import choose_platform, default_attention_backend
+
+    try:
+        choice = choose_platform(runtime)
+    except SglangFlError as exc:  # a plugin's bad platform answer under SGLANG_FL_STRICT=1
+        problems.append(f"SGLang platform: {exc}")
+        report["platform_reason"] = report["attention_backend_reason"] = str(exc)
+        return report
+    backend, why = default_attention_backend(choice, runtime)
+    report["platform"], report["platform_source"] = choice.path, choice.source.value
+    report["platform_reason"] = choice.reason
+    report["attention_backend"], report["attention_backend_reason"] = backend, why
+    if backend == "sglang_fl":
+        try:
+            chosen = _decide(runtime, SGLANG_ATTENTION_BACKEND).decision.chosen
+        except SglangFlError as exc:
+            problems.append(f"selection {SGLANG_ATTENTION_BACKEND!r}: {exc}")
+        else:
+            report["attention_implementation"] = chosen.impl_id
+    return report
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     runtime = _runtime()
     problems = [
@@ -362,13 +462,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         except SglangFlError as exc:
             problems.append(f"op {op_name!r}: {exc}")
     problems.extend(firstresult_disagreements(hooks_report(runtime)))
+    sglang = _sglang_report(runtime, problems)
     payload: DoctorPayload = {
         "schema_version": SCHEMA_VERSION,
         "sglang_fl": {"version": __version__, "module": __file__},
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
         "torch": _torch_report(),
-        "sglang": {"version": _installed_version("sglang")},
+        "sglang": sglang,
         "vllm": {"version": vllm_version()},
         "configuration": runtime.config.to_dict(),
         "plugins": {
@@ -386,7 +487,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"platform  {payload['platform']}",
             f"torch     {torch_info.get('version')}  cuda: {torch_info.get('cuda')}  "
             f"torch_npu installed: {torch_info.get('torch_npu_installed')}",
-            f"sglang    {payload['sglang']['version'] or 'not installed'}",
+            f"sglang    {sglang['version'] or 'not installed'}",
+            *_sglang_lines(sglang),
             *([f"vllm      {payload['vllm']['version']}"] if payload["vllm"]["version"] else []),
             f"config    file: {payload['configuration']['config_file'] or '(none)'}",
         ]
@@ -400,6 +502,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     _emit(args, payload, text)
     return 0 if not problems else 1
+
+
+def _sglang_lines(sglang: SglangReport) -> list[str]:
+    """``doctor``'s two lines under the SGLang version: platform and attention backend."""
+    if sglang["version"] is None:
+        return []
+    platform_name = sglang["platform"] or "SGLang's own"
+    backend = sglang["attention_backend"] or "chosen by SGLang"
+    if sglang["attention_implementation"]:
+        backend += f" -> {sglang['attention_implementation']}"
+    return [
+        f"  platform           {platform_name}  ({sglang['platform_reason']})",
+        f"  attention backend  {backend}  ({sglang['attention_backend_reason']})",
+    ]
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
@@ -519,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = command("plugins", cmd_plugins, "list vendor plugins and how they loaded")
     plugins.add_argument("--verbose", "-v", action="store_true", help="show tracebacks")
     command("ops", cmd_ops, "every op, every candidate, and which one is chosen")
-    explain = command("explain", cmd_explain, "the decision trace of one op")
+    explain = command(
+        "explain", cmd_explain, "one op's decision trace and its whole contract (what the kit runs)"
+    )
     explain.add_argument("op", help=f"one of: {', '.join((*STANDARD_OPS, *SELECTIONS))}")
     command("doctor", cmd_doctor, "environment, configuration and plugin problems")
     hooks = command("hooks", cmd_hooks, "every hook, its implementations in call order, answers")

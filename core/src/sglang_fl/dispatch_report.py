@@ -7,8 +7,8 @@ collective op when the group is created, and one ``handoff`` record the first ti
 handed back to the engine's own path; in verify mode (``SGLANG_FL_VERIFY``), one ``verify``
 record per checked call (:mod:`sglang_fl.verify`). Records are logged at INFO in the first
 rank (DEBUG elsewhere) and, with ``SGLANG_FL_DISPATCH_LOG=PATH``, appended to PATH as JSON
-lines that all carry ``pid``, so the spawned scheduler workers' choices are visible from
-outside.
+lines that all carry ``pid`` and ``role`` (:func:`process_role`: ``main``, ``scheduler``,
+``detokenizer``, ...), so the spawned scheduler workers' choices are visible from outside.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -28,11 +29,19 @@ from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
 from .dispatch.binder import Decline
+from .dispatch.resolve import CandidateOutcome, Decision
 from .errors import ConfigError
-from .schema import portable_json
+from .schema import impl_fields, portable_json
 from .verify import VERIFY_EVENT
 
-__all__ = ["CommunicatorState", "DispatchReport", "ReportEvent", "Runner", "read_log"]
+__all__ = [
+    "CommunicatorState",
+    "DispatchReport",
+    "ReportEvent",
+    "Runner",
+    "process_role",
+    "read_log",
+]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
@@ -89,6 +98,40 @@ def _proctitle() -> str | None:
     return title
 
 
+# ``sglang::scheduler_TP0``, ``sglang::detokenizer``, ``VLLM::EngineCore``: an engine's name for
+# a process, then (SGLang) its ranks.
+_ENGINE_TITLE = re.compile(r"^(?:sglang|VLLM)::([A-Za-z][A-Za-z0-9]*(?:_[a-z][a-z0-9]*)*)")
+# ``run_scheduler_process``, ``run_detokenizer_process``, ``run_engine_core``: spawn targets.
+_SPAWN_TARGET = re.compile(r"^run_(\w+?)(?:_process)?$")
+
+
+def _snake(name: str) -> str:
+    """``EngineCore`` -> ``engine_core``; ``scheduler`` stays."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def process_role(title: str | None) -> str:
+    """What this process is to its engine: ``main``, ``scheduler``, ``detokenizer``, ...
+
+    From the engine's process title when it has set one (``sglang::scheduler_TP0`` is
+    ``scheduler``), else from the function the process was started to run: SGLang loads the
+    plugins before it names its scheduler, so a scheduler's first records (the ``plugin``
+    record among them) carry Python's title, and ``run_scheduler_process`` says the same. The
+    process that started the others is ``main``; any other is named as multiprocessing names it.
+    """
+    match = _ENGINE_TITLE.match(title or "")
+    if match:
+        return _snake(match.group(1))
+    current = multiprocessing.current_process()
+    target = getattr(getattr(current, "_target", None), "__name__", "")
+    spawned = _SPAWN_TARGET.match(target)
+    if spawned:
+        return _snake(spawned.group(1))
+    if multiprocessing.parent_process() is None:
+        return "main"
+    return current.name
+
+
 class DispatchReport:
     """Logs records once and appends them to the dispatch log, if one is configured."""
 
@@ -98,6 +141,7 @@ class DispatchReport:
         not an ``OSError`` inside SGLang's hook later."""
         self.log_path = log_path
         self._lock = threading.Lock()
+        self._described: set[str] = set()  # ops whose rejected candidates were reported
         reset_locks_in_child(self)  # a thread emitting at fork time must not hang the child
         if log_path is not None:
             try:
@@ -119,12 +163,14 @@ class DispatchReport:
 
     def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""
+        title = _proctitle()
         record = {
             "event": event,
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "process": multiprocessing.current_process().name,
-            "proctitle": _proctitle(),
+            "proctitle": title,
+            "role": process_role(title),
             "time": round(time.time(), 3),
             **fields,
         }
@@ -177,6 +223,30 @@ class DispatchReport:
         if self.log_path is not None:
             self._append(self.log_path, record)
         return record
+
+    def decision_fields(self, decision: Decision) -> dict[str, Any]:
+        """What a record naming the implementation that serves ``decision.op`` carries: the
+        chosen one (``impl_id``, ``kind``, ``vendor``, provenance), its ``fallbacks`` in order
+        and, the first time the op is reported, ``rejected`` (:meth:`rejected_once`)."""
+        return {
+            **impl_fields(decision.chosen),
+            "fallbacks": [impl.impl_id for impl in decision.fallbacks],
+            **self.rejected_once(decision),
+        }
+
+    def rejected_once(self, decision: Decision | None) -> dict[str, Any]:
+        """``{"rejected": [...]}`` for the first record of ``decision.op`` in this process, else
+        ``{}``: every candidate that never runs here, as ``sglang-fl explain`` shows it (its
+        ``reason``; a vendor whose probe said no with the probe's ``availability_reason``), so
+        the report says why a vendor was skipped in the engine's own environment."""
+        if decision is None:
+            return {}
+        with self._lock:
+            if decision.op in self._described:
+                return {}
+            self._described.add(decision.op)
+        rejected = [c for c in decision.candidates if c.outcome is CandidateOutcome.REJECTED]
+        return {"rejected": [verdict.to_dict() for verdict in rejected]}
 
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.Lock()

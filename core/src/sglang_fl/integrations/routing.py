@@ -24,7 +24,6 @@ from ..dispatch_report import DispatchReport, ReportEvent, Runner
 from ..errors import NoImplementationError
 from ..graph import graph_safe
 from ..runtime import Runtime
-from ..schema import impl_fields
 from ..verify import Verifier
 
 __all__ = [
@@ -251,6 +250,7 @@ class LayerRouter:
             op_name = None if layer_base is None else self.layers[layer_base]
             bridge = self.bridges.get(op_name) if op_name else None
             resolution = None
+            rejected: dict[str, Any] = {}
             reason = f"no standard sglang-fl op for this layer; {self.engine} runs it"
             if bridge is not None and op_name is not None and layer_base is not None:
                 refusal = bridge.refuse_class(cls, layer_base)
@@ -263,6 +263,7 @@ class LayerRouter:
                         if self.runtime.config.strict:
                             raise
                         reason = f"{exc}; left to {self.engine}"
+                        rejected = self.report.rejected_once(exc.decision)
             plan = Plan(op_name, bridge, resolution)
             self._plans[cls] = plan
             fields: dict[str, Any] = {
@@ -271,11 +272,11 @@ class LayerRouter:
                 self.forward_field: _method_name(engine_forward),
             }
             if resolution is not None:
-                decision = resolution.decision
-                fields.update(runner=Runner.SGLANG_FL, **impl_fields(decision.chosen))
-                fields["fallbacks"] = [impl.impl_id for impl in decision.fallbacks]
+                fields.update(
+                    runner=Runner.SGLANG_FL, **self.report.decision_fields(resolution.decision)
+                )
             else:
-                fields.update(runner=self.runner, reason=reason)
+                fields.update(runner=self.runner, reason=reason, **rejected)
             self.report.emit(ReportEvent.LAYER, **fields)
             return plan
 

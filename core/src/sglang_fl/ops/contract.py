@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Collective", "OpCase", "OpContract", "OpInputs", "Tolerance"]
+from ..schema import ContractJson, InPlaceJson
+
+__all__ = ["Collective", "OpCase", "OpContract", "OpInputs", "Rule", "Tolerance"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,15 @@ class Tolerance:
 
     atol: float
     rtol: float
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of an op's math that the signature cannot show (a mask, a cap, a scale), written
+    as a formula over the call's arguments and the layer's attributes."""
+
+    name: str
+    formula: str
 
 
 @dataclass(frozen=True)
@@ -115,9 +126,12 @@ class OpContract:
     """Everything sglang-fl knows about one standard operator.
 
     ``signature`` is what every implementation must accept positionally (the bridges call it
-    that way); ``reference`` is the pure-PyTorch implementation whose numerics every backend is
-    checked against; ``cases`` and ``make_inputs`` span the shapes and flags an implementation
-    must handle, for every dtype in ``dtypes``, within ``tolerances``.
+    that way); ``details`` is the contract in words (shapes, dtypes, what the layer carries,
+    what may be written), ``rules`` the math the signature cannot show, as formulas;
+    ``reference`` is the pure-PyTorch implementation whose numerics every backend is checked
+    against; ``cases`` and ``make_inputs`` span the shapes and flags an implementation must
+    handle, for every dtype in ``dtypes``, within ``tolerances``. :meth:`describe` gathers it
+    all for ``sglang-fl explain OP`` and the API pages.
     """
 
     name: str
@@ -136,6 +150,10 @@ class OpContract:
     # ``make_inputs`` gives rank 0's inputs of a case's smallest world (for single-process
     # inspection: shapes, dtypes); ``obj`` is then a group stand-in, not a real group.
     collective: Collective | None = None
+    # The docstring of the standard call (``inspect.getdoc`` of the function the signature
+    # comes from): shapes, dtypes, the layer's attributes, the in-place rules, in words.
+    details: str = ""
+    rules: tuple[Rule, ...] = ()
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -184,6 +202,55 @@ class OpContract:
             return f"its optional parameters are not named as in the contract ({exc})"
         return None
 
+    def describe(self) -> ContractJson:
+        """The whole contract as data, for ``sglang-fl explain OP`` and the API pages.
+
+        The in-place rules and the layer attributes are read from the cases' own inputs (what
+        the kit checks), so they cannot drift from the cases; building them costs a few
+        milliseconds per case.
+        """
+        in_place: dict[str, InPlaceJson] = {
+            name: {"argument": name, "untouched": 0, "written": 0, "outputs": []}
+            for name in self.parameter_names[1:]
+        }
+        attributes: dict[str, None] = {}
+        generator = torch.Generator().manual_seed(0)
+        for case in self.cases:
+            inputs = self.make_inputs(case, self.dtypes[0], torch.device("cpu"), generator)
+            if isinstance(inputs.obj, SimpleNamespace):
+                attributes.update(dict.fromkeys(vars(inputs.obj)))
+            # A pair's inputs (``recv`` runs ``send``'s cases) may name the peer's arguments.
+            for name in inputs.preserved:
+                if name in in_place:
+                    in_place[name]["untouched"] += 1
+            for output, name in inputs.written_in_place.items():
+                if name in in_place:
+                    entry = in_place[name]
+                    entry["written"] += 1
+                    if output not in entry["outputs"]:
+                        entry["outputs"].append(output)
+        collective = self.collective
+        runs = len(collective.world_sizes) if collective is not None else 1
+        return {
+            "op": self.name,
+            "summary": self.summary,
+            "signature": self.signature_text(),
+            "sglang_layer": self.sglang_layer,
+            "details": self.details,
+            "rules": [{"name": rule.name, "formula": rule.formula} for rule in self.rules],
+            "layer_attributes": list(attributes),
+            "dtypes": [_dtype_name(dtype) for dtype in self.dtypes],
+            "tolerances": [
+                {"dtype": _dtype_name(dtype), "atol": tol.atol, "rtol": tol.rtol}
+                for dtype, tol in self.tolerances.items()
+            ],
+            "in_place": [e for e in in_place.values() if e["untouched"] or e["written"]],
+            "cases": [case.name for case in self.cases],
+            "checks": len(self.cases) * len(self.dtypes) * runs,
+            "world_sizes": list(collective.world_sizes) if collective is not None else None,
+            "peers": list(collective.peers) if collective is not None else [],
+        }
+
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         try:
             return self.tolerances[dtype]
@@ -192,6 +259,11 @@ class OpContract:
             raise ValueError(
                 f"op {self.name!r} has no tolerance for dtype {dtype}; contract dtypes: {allowed}"
             ) from None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``: the name users pass and the kit's test ids show."""
+    return str(dtype).removeprefix("torch.")
 
 
 STANDARD_TOLERANCES: Mapping[torch.dtype, Tolerance] = {

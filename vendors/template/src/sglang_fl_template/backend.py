@@ -1,4 +1,4 @@
-"""The template :class:`~sglang_fl.dispatch.backends.Backend`: can this process use the chip?"""
+"""The template :class:`~sglang_fl.types.Backend`: can this process use the chip?"""
 
 from __future__ import annotations
 
@@ -14,6 +14,6 @@ class TemplateBackend(Backend):
 
     def is_available(self) -> Availability:
         # Import the chip SDK here, never at module import, count the devices and say why not:
-        # the reason is what `sglang-fl explain OP` shows. sglang_fl.dispatch.probes.ChipSdk
-        # does all three (see its docstring); until then the ops stay with the next candidate.
+        # the reason is what `sglang-fl explain OP` shows. sglang_fl.types.ChipSdk does all
+        # three (see its docstring); until then the ops stay with the next candidate.
         return Availability(False, "template: no availability probe written yet (backend.py)")

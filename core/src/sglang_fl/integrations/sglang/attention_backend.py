@@ -41,9 +41,8 @@ from ...errors import NoImplementationError, StrictModeError, Unsupported
 from ...guard import exception_text
 from ...ops.attention import NO_WINDOW, attention_layer
 from ...runtime import Runtime, get_runtime
-from ...schema import impl_fields
 from ..routing import Bridge, Forward, Handoff, LayerRouter, qualname
-from .backend_selection import build_backend
+from .backend_selection import BACKEND_NAME, build_backend
 from .router import get_router
 
 __all__ = [
@@ -55,8 +54,6 @@ __all__ = [
     "install",
     "kernel_backend_factory",
 ]
-
-BACKEND_NAME = "sglang_fl"
 
 
 class AttentionOp:
@@ -318,12 +315,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
                 continue
             assert resolution is not None
             bound[op_name] = self._bind_op(layer, op_name, stand_in, resolution)
-            decision = resolution.decision
             self.report.emit(
                 ReportEvent.LAYER,
                 runner=Runner.SGLANG_FL,
-                fallbacks=[impl.impl_id for impl in decision.fallbacks],
-                **impl_fields(decision.chosen),
+                **self.report.decision_fields(resolution.decision),
                 **fields,
             )
         return _LayerKernels(

@@ -61,6 +61,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 HOOK = "sglang_fl_attention_backend"
 REFERENCE_IMPL_ID = "reference.sglang_fl_attention"
+BACKEND_NAME = "sglang_fl"  # the name SGLang knows the backend by (--attention-backend)
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,11 @@ def build_backend(
     ``backend_base`` is SGLang's ``AttentionBackend``: a vendor factory must return one.
     """
     strict = runtime.config.strict
-    fields: dict[str, Any] = {"op": SGLANG_ATTENTION_BACKEND, "runner": Runner.SGLANG_FL}
+    fields: dict[str, Any] = {
+        "op": SGLANG_ATTENTION_BACKEND,
+        "runner": Runner.SGLANG_FL,
+        "backend": BACKEND_NAME,
+    }
     try:
         resolution = _cached_select(runtime, build_kernel_backend)
     except NoImplementationError as exc:
@@ -230,9 +235,11 @@ def build_backend(
             raise
         reason = f"{exc}; the kernel-based backend serves"
         backend = build_kernel_backend(model_runner)
+        fields.update(report.rejected_once(exc.decision))
         _emit(report, _reference(build_kernel_backend), backend, reason, [], fields)
         return backend
     decision = resolution.decision
+    fields.update(report.rejected_once(decision))
     chain = list(resolution.chain)
     reason = next(c.reason for c in decision.candidates if c.outcome is CandidateOutcome.CHOSEN)
     failed: list[str] = []

@@ -213,6 +213,14 @@ class CollectiveRouter:
             before_next=confirm,
         )
 
+    def _rejected(self, op: str) -> dict[str, Any]:
+        """For the first record of ``op`` in this process, the candidates that never run here
+        and why (:meth:`DispatchReport.rejected_once`)."""
+        try:
+            return self.report.rejected_once(self.runtime.resolve(op).decision)
+        except NoImplementationError as exc:
+            return self.report.rejected_once(exc.decision)
+
     def _bind(self, coordinator: Any, group: CollectiveGroup, op: str, fn: Any) -> None:
         sglang = getattr(coordinator, METHODS[op])
         setattr(coordinator, METHODS[op], _bridge(op, fn, group, sglang))
@@ -293,6 +301,7 @@ class CollectiveRouter:
     ) -> None:
         fields = self._base_fields(group, op)
         fields.update(runner=Runner.SGLANG_FL, also_serves=also_serves, **impl_fields(impl))
+        fields.update(self._rejected(op))
         if fallback_from is not None:
             fields.update(fallback_from=fallback_from.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
@@ -307,7 +316,7 @@ class CollectiveRouter:
     ) -> None:
         """SGLang's own method serves ``op``; ``local`` is what this rank would have run."""
         fields = self._base_fields(group, op)
-        fields.update(runner=Runner.SGLANG, impl_id=None, reason=reason)
+        fields.update(runner=Runner.SGLANG, impl_id=None, reason=reason, **self._rejected(op))
         if local is not None:
             fields.update(fallback_from=local.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)

@@ -25,7 +25,6 @@ from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...graph import graph_safe
 from ...runtime import Runtime
-from ...schema import impl_fields
 from ...verify import Verifier
 from .compat import SglangApi
 
@@ -89,7 +88,10 @@ def route_functions(
             if runtime.config.strict:
                 raise
             reason = f"{exc}; left to SGLang"
-            report.emit(ReportEvent.FUNCTION, runner=Runner.SGLANG, reason=reason, **fields)
+            rejected = report.rejected_once(exc.decision)
+            report.emit(
+                ReportEvent.FUNCTION, runner=Runner.SGLANG, reason=reason, **rejected, **fields
+            )
             continue
         decision = resolution.decision
         chosen = decision.chosen
@@ -99,6 +101,7 @@ def route_functions(
                 runner=Runner.SGLANG,
                 reason="SGLang's Triton kernel runs here and only the reference implements "
                 f"{route.op_name}; left to SGLang",
+                **report.rejected_once(decision),
                 **fields,
             )
             continue
@@ -115,8 +118,7 @@ def route_functions(
         report.emit(
             ReportEvent.FUNCTION,
             runner=Runner.SGLANG_FL,
-            fallbacks=[impl.impl_id for impl in decision.fallbacks],
-            **impl_fields(chosen),
+            **report.decision_fields(decision),
             **fields,
         )
 

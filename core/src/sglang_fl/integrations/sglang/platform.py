@@ -13,82 +13,34 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import types
 
 import torch
 
 from ...runtime import get_runtime
+from .platform_choice import CPU_PLATFORM, ENTRY_POINT_NAME, choose_platform, in_tree_accelerator
 
-__all__ = ["CPU_PLATFORM", "DISPATCH_KEY", "ENTRY_POINT_NAME", "activate", "in_tree_accelerator"]
+__all__ = [
+    "CPU_PLATFORM",
+    "DISPATCH_KEY",
+    "ENTRY_POINT_NAME",
+    "activate",
+    "in_tree_accelerator",
+]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
-ENTRY_POINT_NAME = "sglang_fl"  # in core/pyproject.toml, group sglang.srt.platforms
-CPU_PLATFORM = "sglang_fl.integrations.sglang.platform:SglangFlCpuPlatform"
 # Fused ops look for ``forward_<key>``; none defines this one, so any op sglang-fl does not
 # route runs SGLang's portable ``forward_native`` (never the sgl_kernel CPU path).
 DISPATCH_KEY = "sglang_fl_cpu"
 
 
-def in_tree_accelerator() -> str | None:
-    """The accelerator SGLang would pick in-tree here, or ``None`` on a plain CPU machine.
-
-    Uses SGLang's own probes where they exist (so the answer matches SGLang's fallback
-    order), else torch's.
-    """
-    try:
-        from sglang.srt import platforms as sglang_platforms
-    except ImportError:  # pragma: no cover - only reachable without SGLang
-        sglang_platforms = None
-    probes = (
-        ("cuda", "_is_cuda_available", torch.cuda.is_available),
-        ("rocm", "_is_rocm_available", lambda: False),
-        (
-            "npu",
-            "_is_npu_available",
-            lambda: hasattr(torch, "npu") and bool(torch.npu.is_available()),
-        ),
-        (
-            "xpu",
-            "_is_xpu_available",
-            lambda: hasattr(torch, "xpu") and bool(torch.xpu.is_available()),
-        ),
-        ("musa", "_is_musa_available", lambda: getattr(torch.version, "musa", None) is not None),
-        (
-            "mps",
-            "_is_mps_available",
-            lambda: (
-                getattr(torch.backends, "mps", None) is not None
-                and torch.backends.mps.is_available()
-            ),
-        ),
-    )
-    for name, sglang_probe, torch_probe in probes:
-        probe = getattr(sglang_platforms, sglang_probe, None) or torch_probe
-        try:
-            if probe():
-                return name
-        except Exception as exc:  # a broken probe means "not this accelerator"
-            _log.warning(
-                "sglang-fl: the %s platform probe failed (%s); assuming no %s", name, exc, name
-            )
-    return None
-
-
 def activate() -> str | None:
     """``sglang.srt.platforms`` entry point: a platform class path, or ``None``."""
-    declared = get_runtime().platform()
-    if declared:
-        _log.info("sglang-fl: a vendor plugin declares the SGLang platform %s", declared)
-        return declared
-    if os.environ.get("SGLANG_PLATFORM") != ENTRY_POINT_NAME:
-        if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
-            return None
-        if in_tree_accelerator() is not None:
-            return None
-    _log.info("sglang-fl: no accelerator SGLang supports in-tree; offering %s", CPU_PLATFORM)
-    return CPU_PLATFORM
+    choice = choose_platform(get_runtime())
+    if choice.path is not None:
+        _log.info("sglang-fl: offering the SGLang platform %s: %s", choice.path, choice.reason)
+    return choice.path
 
 
 def device_module_without_accelerator() -> None:

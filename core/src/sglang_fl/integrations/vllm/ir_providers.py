@@ -23,7 +23,6 @@ from torch import Tensor
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...runtime import Runtime
-from ...schema import impl_fields
 
 __all__ = ["PROVIDER", "register_ir_providers"]
 
@@ -108,6 +107,6 @@ def register_ir_providers(runtime: Runtime, report: DispatchReport) -> str | Non
             op="rms_norm",
             provider=PROVIDER,
             runner=Runner.SGLANG_FL,
-            **impl_fields(resolution.decision.chosen),
+            **report.decision_fields(resolution.decision),
         )
     return None

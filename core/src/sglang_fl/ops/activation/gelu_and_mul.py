@@ -86,6 +86,7 @@ CONTRACT = OpContract(
     sglang_layer="GeluAndMul",
     summary="GeGLU gate: gelu (erf or tanh) of the first half of the last dim times the second",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

@@ -33,6 +33,7 @@ CONTRACT = OpContract(
     sglang_layer="NewGELU",
     summary="GPT-2's tanh GELU, element-wise",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

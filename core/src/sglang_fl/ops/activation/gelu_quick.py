@@ -30,6 +30,7 @@ CONTRACT = OpContract(
     sglang_layer="QuickGELU",
     summary="Quick GELU, x * sigmoid(1.702 x), element-wise",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

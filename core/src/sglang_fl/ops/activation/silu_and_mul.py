@@ -89,6 +89,7 @@ CONTRACT = OpContract(
     sglang_layer="SiluAndMul",
     summary="SwiGLU gate: silu of the first half of the last dim times the second half",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

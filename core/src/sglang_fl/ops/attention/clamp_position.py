@@ -62,6 +62,7 @@ CONTRACT = OpContract(
     sglang_layer="ClampPositionOp",
     summary="Decode positions: max(seq_lens - 1, 0) as int64",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=INDEX_DTYPES,
     tolerances={dtype: _EXACT for dtype in INDEX_DTYPES},

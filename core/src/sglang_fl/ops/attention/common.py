@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from ..contract import Tolerance, layer
+from ..contract import Rule, Tolerance, layer
 
 __all__ = [
+    "ATTENTION_RULES",
     "ATTENTION_TOLERANCES",
     "EXACT_TOLERANCES",
     "NO_WINDOW",
@@ -49,6 +50,41 @@ ATTENTION_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 EXACT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
     dtype: Tolerance(atol=0.0, rtol=0.0) for dtype in ATTENTION_TOLERANCES
 }
+
+
+# The math of ``decode_attention`` and ``extend_attention``, as formulas over a query at position
+# ``i`` of its request and that request's key at position ``j`` (both counted from the request's
+# first token). Each op adds the rule saying where its queries sit. ``explain`` and the API pages
+# print these; the references (:func:`attend`, :func:`window_mask`) compute exactly this.
+ATTENTION_RULES: tuple[Rule, ...] = (
+    Rule(
+        "scores",
+        "s(i, j) = (q_i . k_j) * obj.scaling, for query head h and key/value head "
+        "h // (heads / kv_heads) (MHA, GQA, MQA). obj.scaling is used as given: SGLang's "
+        "RadixAttention.scaling, head_dim ** -0.5 unless the model sets another (e.g. "
+        "query_pre_attn_scalar ** -0.5); an implementation never recomputes it from head_dim.",
+    ),
+    Rule(
+        "soft-capping",
+        "obj.logit_cap = c > 0: s(i, j) = c * tanh(s(i, j) / c), in float32, after the scaling "
+        "and before the mask and the softmax. c = 0: no cap.",
+    ),
+    Rule(
+        "causal mask",
+        "obj.is_causal: query i sees the keys j <= i. Not causal (an encoder-only layer): it "
+        "sees every key of its request, and the window below does not apply.",
+    ),
+    Rule(
+        "sliding window",
+        "obj.sliding_window_size = w >= 0: query i sees the keys i - w <= j <= i, so the key at "
+        "i - w is included: w + 1 keys, the query's own among them. w = -1: no window.",
+    ),
+    Rule(
+        "output",
+        "o_i = sum over the visible j of softmax_j(s(i, j)) * v_j, returned in q's dtype; "
+        "keys and values in another dtype are cast to q's first.",
+    ),
+)
 
 
 def attention_layer(

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from ..contract import OpCase, OpContract, OpInputs, axis, case_grid
+from ..contract import OpCase, OpContract, OpInputs, Rule, axis, case_grid
 from .cases import OPTIONS, Option, option_attributes, shape_name
 from .common import (
+    ATTENTION_RULES,
     ATTENTION_TOLERANCES,
     NO_WINDOW,
     attend,
@@ -199,9 +200,19 @@ DECODE_ATTENTION = OpContract(
     sglang_layer="RadixAttention",
     summary="one token per request over its cached KV (MHA/GQA/MQA, window, soft-cap, pages)",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=tuple(ATTENTION_TOLERANCES),
     tolerances=ATTENTION_TOLERANCES,
     cases=CASES,
     make_inputs=_make_inputs,
+    rules=(
+        Rule(
+            "positions",
+            "request r's one query is its newest token, at i = seq_lens[r] - 1; it sees the keys "
+            "0 .. i, with a window w the keys max(0, i - w) .. i (obj.is_causal does not change "
+            "this: no key lies after the query).",
+        ),
+        *ATTENTION_RULES,
+    ),
 )

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from ..contract import OpCase, OpContract, OpInputs, axis, case_grid
+from ..contract import OpCase, OpContract, OpInputs, Rule, axis, case_grid
 from .cases import OPTIONS, Option, option_attributes, shape_name
 from .common import (
+    ATTENTION_RULES,
     ATTENTION_TOLERANCES,
     NO_WINDOW,
     attend,
@@ -224,9 +225,19 @@ EXTEND_ATTENTION = OpContract(
     sglang_layer="RadixAttention",
     summary="new tokens over their cached prefix and themselves (prefill, chunks, radix hits)",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=tuple(ATTENTION_TOLERANCES),
     tolerances=ATTENTION_TOLERANCES,
     cases=CASES,
     make_inputs=_make_inputs,
+    rules=(
+        Rule(
+            "positions",
+            "request r's new token t (0-based, in q's order) sits at i = extend_prefix_lens[r] "
+            "+ t; its keys are the request's j = 0 .. seq_lens[r] - 1 (the cached prefix, then "
+            "the new tokens). Causal: j <= i; with a window w: max(0, i - w) <= j <= i.",
+        ),
+        *ATTENTION_RULES,
+    ),
 )

@@ -137,6 +137,7 @@ STORE_KV_CACHE = OpContract(
     sglang_layer="RadixAttention",
     summary="write new keys/values into one layer's KV pool buffers at their slots (in place)",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=tuple(EXACT_TOLERANCES),
     tolerances=EXACT_TOLERANCES,

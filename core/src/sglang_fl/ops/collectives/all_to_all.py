@@ -46,6 +46,7 @@ ALL_TO_ALL_SINGLE = OpContract(
     sglang_layer="GroupCoordinator.all_to_all_single",
     summary="equal slices of rows exchanged between every pair of ranks",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=c.DTYPES,
     tolerances=c.EXACT,

@@ -60,6 +60,7 @@ BROADCAST = OpContract(
     sglang_layer="GroupCoordinator.broadcast",
     summary="rank src's tensor copied in place into every rank's tensor",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=c.DTYPES,
     tolerances=c.EXACT,

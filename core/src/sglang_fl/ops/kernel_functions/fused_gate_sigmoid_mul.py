@@ -117,6 +117,7 @@ FUSED_GATE_SIGMOID_MUL = OpContract(
     sglang_layer="fused_gate_sigmoid_mul(_add) (kernel function)",
     summary="Shared-expert gate: sigmoid(x . w) * shared_output (+ addend), fp32 inside",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

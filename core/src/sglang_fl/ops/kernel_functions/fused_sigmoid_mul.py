@@ -121,6 +121,7 @@ FUSED_SIGMOID_MUL = OpContract(
     sglang_layer="fused_sigmoid_mul (kernel function, Qwen3.5's attention output gate)",
     summary="Attention output gate: attn_output * sigmoid(gate), strided 3-D gate, in place",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

@@ -108,6 +108,7 @@ RMS_NORM_GATED = OpContract(
     sglang_layer="FusedRMSNormGated / fla RMSNorm (gated)",
     summary="Gated RMS norm: rmsnorm(x) * weight * silu|sigmoid(gate), fp32 inside",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=rms_norm_gated,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

@@ -108,6 +108,7 @@ TRACK_MAMBA_STATES = OpContract(
     sglang_layer="track_mamba_states_if_needed / _all_layers (kernel functions, decode)",
     summary="Snapshot the tracked rows' conv and SSM states into their radix-cache slots",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=track_mamba_states,
     dtypes=STANDARD_DTYPES,
     tolerances=_EXACT,

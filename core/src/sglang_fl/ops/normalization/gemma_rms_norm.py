@@ -73,6 +73,7 @@ CONTRACT = OpContract(
     sglang_layer="GemmaRMSNorm, Gemma3RMSNorm",
     summary="Gemma RMS normalisation (scale 1 + weight) with an optional fused residual add",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

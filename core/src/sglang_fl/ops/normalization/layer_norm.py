@@ -95,6 +95,7 @@ CONTRACT = OpContract(
     sglang_layer="LayerNorm",
     summary="Layer normalisation with optional weight and bias, in the layer's compute dtype",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

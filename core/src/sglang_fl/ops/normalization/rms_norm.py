@@ -121,6 +121,7 @@ CONTRACT = OpContract(
     sglang_layer="RMSNorm",
     summary="RMS normalisation with an optional fused residual add (fp32 accumulation)",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

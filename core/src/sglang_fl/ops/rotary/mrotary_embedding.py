@@ -167,6 +167,7 @@ CONTRACT = OpContract(
     sglang_layer="MRotaryEmbedding",
     summary="Multimodal rotary embedding of q and k: [3, tokens] positions, mrope sections",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,

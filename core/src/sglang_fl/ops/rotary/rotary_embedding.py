@@ -195,6 +195,7 @@ CONTRACT = OpContract(
     sglang_layer="RotaryEmbedding",
     summary="Rotary position embedding of q and k (neox or interleaved, partial rotary)",
     signature=inspect.signature(_signature),
+    details=inspect.getdoc(_signature) or "",
     reference=reference,
     dtypes=STANDARD_DTYPES,
     tolerances=STANDARD_TOLERANCES,
