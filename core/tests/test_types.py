@@ -26,6 +26,7 @@ DEFINED_IN = {
     "CollectiveGroup": sglang_fl.ops.collectives.group,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
+    "PreparedKernel": sglang_fl.dispatch.types,
     "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
     "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,

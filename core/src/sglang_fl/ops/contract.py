@@ -136,10 +136,24 @@ class OpContract:
     # ``make_inputs`` gives rank 0's inputs of a case's smallest world (for single-process
     # inspection: shapes, dtypes); ``obj`` is then a group stand-in, not a real group.
     collective: Collective | None = None
+    # The parameters holding a layer's weights (quantized ops): fixed from load on, so an
+    # implementation may prepare its own layout of them once (``OpImpl.prepare``) and then
+    # receives what it prepared in their place; the contract describes the checkpoint layout.
+    weights: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.weights if name not in self.signature.parameters]
+        if unknown:
+            raise ValueError(f"op {self.name!r}: weights {unknown} are not parameters")
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
         return tuple(self.signature.parameters)
+
+    def weight_positions(self) -> tuple[int, ...]:
+        """Where the :attr:`weights` sit in a call's positional arguments (after ``obj``)."""
+        names = self.parameter_names[1:]
+        return tuple(names.index(name) for name in self.weights)
 
     @property
     def required_parameters(self) -> tuple[str, ...]:
