@@ -42,7 +42,7 @@ BLOCK = 128
 AWQ_GROUP = 64
 _STAMP = "sglang_fl_quant_model.json"
 
-# Module-name regexes (compressed-tensors ``re:`` targets) of the projections of each kind.
+# Module-name regexes of the projections of each kind (the ``fp8`` and AWQ checkpoints').
 ATTENTION = r"re:.*self_attn\.(q|k|v|o)_proj$"
 DENSE_MLP = r"re:.*mlp\.(gate|up|down)_proj$"
 EXPERTS = r"re:.*experts\.\d+\.(gate|up|down)_proj$"
@@ -58,23 +58,30 @@ class Group:
     targets: tuple[str, ...]
 
 
-# Schemes the tests serve: one preset everywhere, or several presets in one model.
+LINEAR = "Linear"  # compressed-tensors' class target: every linear layer (not ignored)
+
+# Schemes the tests serve: one preset everywhere, or several presets in one model. A layer a
+# regex target names takes that group, the others the ``Linear`` group (compressed-tensors and
+# SGLang both prefer name matches to class matches). SGLang 0.5.23 loads block scales of fused
+# linear layers by the ``Linear`` group's block size, so block FP8 linears are that group; and it
+# matches a fused layer (``gate_up_proj``) by its own name, then by class, then by its parts'
+# names, so a regex naming the parts names the fused layer too.
 COMPRESSED_TENSORS: Mapping[str, tuple[Group, ...]] = {
-    "w8a8": (Group("W8A8", (ATTENTION, DENSE_MLP, EXPERTS)),),
-    "fp8_dynamic": (Group("FP8_DYNAMIC", (ATTENTION, DENSE_MLP, EXPERTS)),),
-    "fp8_block": (Group("FP8_BLOCK", (ATTENTION, DENSE_MLP, EXPERTS)),),
-    "w4a16": (Group("W4A16", (ATTENTION, DENSE_MLP, EXPERTS)),),
-    # Every linear scheme in one dense model: attention FP8 block, the MLP's projections
-    # W8A8 (gate/up), FP8 per channel (down) and, in the second layer, W4A16.
+    "w8a8": (Group("W8A8", (LINEAR,)),),
+    "fp8_dynamic": (Group("FP8_DYNAMIC", (LINEAR,)),),
+    "fp8_block": (Group("FP8_BLOCK", (LINEAR,)),),
+    "w4a16": (Group("W4A16", (LINEAR,)),),
+    # Every linear scheme in one dense model: attention FP8 block, the first MLP's gate/up
+    # W8A8 and down FP8 per channel, the second MLP W4A16.
     "mixed_dense": (
-        Group("FP8_BLOCK", (ATTENTION,)),
-        Group("W4A16", (r"re:.*layers\.1\.mlp\.(gate|up|down)_proj$",)),
-        Group("W8A8", (r"re:.*layers\.0\.mlp\.(gate|up)_proj$",)),
+        Group("FP8_BLOCK", (LINEAR,)),
+        Group("W4A16", (r"re:.*layers\.1\.mlp\.(gate|up|gate_up|down)_proj$",)),
+        Group("W8A8", (r"re:.*layers\.0\.mlp\.(gate|up|gate_up)_proj$",)),
         Group("FP8_DYNAMIC", (r"re:.*layers\.0\.mlp\.down_proj$",)),
     ),
-    # MoE: W8A8 attention, FP8-block experts in layer 0, W8A8 experts in layer 1.
+    # MoE: W8A8 attention, FP8-block experts in layer 0, W8A8 int8 experts in layer 1.
     "mixed_moe": (
-        Group("W8A8", (ATTENTION,)),
+        Group("W8A8", (LINEAR,)),
         Group("FP8_BLOCK", (r"re:.*layers\.0\.mlp\.experts\.\d+\.(gate|up|down)_proj$",)),
         Group("W8A8", (r"re:.*layers\.1\.mlp\.experts\.\d+\.(gate|up|down)_proj$",)),
     ),
@@ -84,13 +91,22 @@ SCHEMES = (*COMPRESSED_TENSORS, *OTHER_FORMATS)
 
 
 def _matches(name: str, patterns: Sequence[str]) -> bool:
+    """Whether a module name matches a name target (exact, dotted suffix or ``re:``)."""
     for pattern in patterns:
         if pattern.startswith("re:"):
             if re.match(pattern[3:], name):
                 return True
-        elif name == pattern or name.endswith("." + pattern):
+        elif pattern != LINEAR and (name == pattern or name.endswith("." + pattern)):
             return True
     return False
+
+
+def _group_of(module: str, schemes: Mapping[str, Any]) -> Any:
+    """The scheme of a linear module: the first group naming it, else the ``Linear`` group."""
+    named = next((s for s in schemes.values() if _matches(module, s.targets)), None)
+    if named is not None or module.endswith("embed_tokens"):
+        return named
+    return next((s for s in schemes.values() if LINEAR in s.targets), None)
 
 
 def _read_float(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,7 +195,7 @@ def _compressed_tensors(
         module = key.removesuffix(".weight")
         scheme = None
         if key.endswith(".weight") and value.dim() == 2 and not _matches(module, IGNORED):
-            scheme = next((s for s in schemes.values() if _matches(module, s.targets)), None)
+            scheme = _group_of(module, schemes)
         if scheme is None:
             out[key] = value
             continue
@@ -286,7 +302,7 @@ def build_quant_model(out_dir: str | Path, scheme: str, arch: str = "llama") -> 
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     out = Path(out_dir)
     stamp = out / _STAMP
-    wanted = {"scheme": scheme, "arch": arch, "hidden_size": HIDDEN_SIZE, "version": 1}
+    wanted = {"scheme": scheme, "arch": arch, "hidden_size": HIDDEN_SIZE, "version": 3}
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return out
     src = build_tiny_model(out.parent / f"float-{arch}-{HIDDEN_SIZE}", arch, HIDDEN_SIZE)

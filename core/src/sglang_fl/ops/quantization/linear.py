@@ -250,9 +250,11 @@ def wna16_linear_reference(
 
 def _case_name(p: Mapping[str, Any]) -> str:
     parts = [f"tokens={p['tokens']}", f"k={p['k']}", f"n={p['n']}"]
-    for key in ("act_quant", "block", "bits", "group"):
+    for key in ("act_quant", "bits", "group"):
         if key in p:
             parts.append(f"{key}={p[key]}")
+    if "block" in p:
+        parts.append("block={}x{}".format(*p["block"]))
     if p.get("asymmetric"):
         parts.append("asymmetric")
     if p["bias"]:

@@ -167,7 +167,7 @@ def _case_name(p: Mapping[str, Any]) -> str:
     name = f"tokens={p['tokens']},experts={p['experts']},top_k={p['top_k']},{p['activation']}"
     name += f",act_quant={p['act_quant']}"
     if p.get("block"):
-        name += f",block={p['block']}"
+        name += ",block={}x{}".format(*p["block"])
     return name + ("" if p["contiguous"] else ",strided")
 
 
