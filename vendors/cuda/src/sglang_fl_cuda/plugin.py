@@ -15,6 +15,7 @@ from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
+from .impl.quantization import ADAPTERS as QUANTIZATION
 from .impl.rotary import rotary_embedding
 
 # The standard ops sgl_kernel has no kernel for: nothing is registered, `sglang-fl ops` says why.
@@ -58,6 +59,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     # SGLang's own Triton GDN kernels: the same vendor, probed on their own (no sgl_kernel).
     registry.register_many(SglangTritonBackend().implementations(LINEAR_ATTENTION))
     registry.register_many(NcclBackend().implementations(collectives.COLLECTIVES))
+    # Quantized GEMMs (sgl_kernel) and experts (SGLang's Triton), each preparing its layout.
+    registry.register_many(CudaBackend().implementations(QUANTIZATION))
 
 
 @hookimpl

@@ -360,8 +360,10 @@ W8A8_FP8_LINEAR = OpContract(
     weights=("weight", "weight_scale"),
 )
 
-# (block, K, N): DeepSeek's 128x128 with a partial last block row, and a small block.
+# (block, K, N): DeepSeek's 128x128 in whole blocks and with a partial last block row, and a
+# small block.
 _BLOCK_SHAPES = (
+    {"block": (128, 128), "k": 256, "n": 384},
     {"block": (128, 128), "k": 256, "n": 320},
     {"block": (32, 64), "k": 128, "n": 96},
 )
@@ -463,7 +465,7 @@ WNA16_LINEAR = OpContract(
             axis("tokens", TOKEN_COUNTS),
             _WNA16_FORMATS,
             _BIAS,
-            ({"k": 256, "n": 96},),
+            ({"k": 256, "n": 128},),
             axis("contiguous", (True,)),
         ),
         *case_grid(
@@ -471,7 +473,7 @@ WNA16_LINEAR = OpContract(
             axis("tokens", (33,)),
             _WNA16_FORMATS[:1],
             _BIAS,
-            ({"k": 256, "n": 96},),
+            ({"k": 256, "n": 128},),
             axis("contiguous", (False,)),
         ),
     ),

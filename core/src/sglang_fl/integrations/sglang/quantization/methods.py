@@ -20,9 +20,8 @@ from sglang.srt.layers import linear as sglang_linear
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
 
 from ....dispatch.prepare import PreparedChain, prepare_chain
-from ....dispatch.resolve import _bind_chain
 from ....dispatch_report import DispatchReport, ReportEvent, Runner
-from ....errors import NoImplementationError, SglangFlError
+from ....errors import NoImplementationError, SglangFlError, StrictModeError, Unsupported
 from ....ops.experts import MoeActivation
 from ....runtime import Runtime, get_runtime
 from ....schema import impl_fields
@@ -79,10 +78,41 @@ class QuantRouting:
             ) from exc
         self._report_declines(prepared)
         chain = list(prepared.chain)
-        fn = _bind_chain(op, chain)
+        fn = self._walk(op, chain, strict)
         fn = self.verifier.wrap(fn, chain[0], label, chain=prepared.chain)
         self._report_layer(label, op, served, sglang_method, prepared)
         return BoundLayer(op, fn, obj, weights, chain[0].impl_id)
+
+    def _walk(self, op: str, chain: list[Any], strict: bool) -> Any:
+        """The layer's chain as one callable: a decline goes to the next candidate, reported."""
+        steps = tuple((impl.impl_id, impl.fn) for impl in chain)
+        if len(steps) == 1 and not strict:
+            return steps[0][1]
+
+        def call(*args: Any) -> Any:
+            for index, (impl_id, fn) in enumerate(steps):
+                try:
+                    return fn(*args)
+                except Unsupported as exc:
+                    if strict or index == len(steps) - 1:
+                        raise StrictModeError(
+                            f"SGLANG_FL_STRICT=1: {impl_id} declined a call of {op} ({exc})"
+                        ) if strict else exc
+                    self._declined(op, impl_id, steps[index + 1][0], str(exc))
+            raise AssertionError("unreachable")
+
+        return call
+
+    def _declined(self, op: str, impl_id: str, next_impl_id: str, reason: str) -> None:
+        if self._once("call", op, impl_id, reason):
+            self.report.emit(
+                ReportEvent.FALLBACK,
+                op=op,
+                impl_id=impl_id,
+                next_impl_id=next_impl_id,
+                reason=reason,
+                runner=Runner.SGLANG_FL,
+            )
 
     def _once(self, *key: str) -> bool:
         with self._lock:
@@ -109,18 +139,14 @@ class QuantRouting:
         )
 
     def _report_declines(self, prepared: PreparedChain) -> None:
-        for index, (impl, reason) in enumerate(prepared.declined):
+        for impl, reason in prepared.declined:
             if not self._once("prepare", prepared.op, impl.impl_id, reason):
                 continue
-            later = [d[0] for d in prepared.declined[index + 1 :]]
-            served_by = next(
-                (i.impl_id for i in prepared.chain if i not in later), prepared.chain[0].impl_id
-            )
             self.report.emit(
                 ReportEvent.FALLBACK,
                 op=prepared.op,
                 impl_id=impl.impl_id,
-                next_impl_id=served_by,
+                next_impl_id=prepared.chain[0].impl_id,
                 reason=reason,
                 stage="prepare",
                 runner=Runner.SGLANG_FL,
