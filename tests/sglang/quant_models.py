@@ -119,10 +119,11 @@ def _read_float(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _copy_tokenizer(src: Path, out: Path) -> None:
+    """Everything but the weights, the model config and the builders' stamps: tokenizer files,
+    chat template, generation config."""
     for path in src.iterdir():
-        if path.name.startswith(("tokenizer", "special_tokens")) or path.name in (
-            "generation_config.json",
-        ):
+        skip = path.suffix == ".safetensors" or path.name == "config.json"
+        if path.is_file() and not skip and not path.name.startswith("sglang_fl_"):
             shutil.copyfile(path, out / path.name)
 
 
@@ -296,16 +297,8 @@ def _awq(tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return out, quantization
 
 
-def build_quant_model(out_dir: str | Path, scheme: str, arch: str = "llama") -> Path:
-    """Write the ``scheme`` checkpoint of the tiny ``arch`` model to ``out_dir`` (cached)."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    out = Path(out_dir)
-    stamp = out / _STAMP
-    wanted = {"scheme": scheme, "arch": arch, "hidden_size": HIDDEN_SIZE, "version": 3}
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
-        return out
-    src = build_tiny_model(out.parent / f"float-{arch}-{HIDDEN_SIZE}", arch, HIDDEN_SIZE)
+def quantize_checkpoint(src: Path, out: Path, scheme: str) -> Path:
+    """Write ``src`` (a float safetensors checkpoint) quantized by ``scheme`` to ``out``."""
     tensors, config = _read_float(src)
     if scheme in COMPRESSED_TENSORS:
         tensors, quantization = _compressed_tensors(tensors, COMPRESSED_TENSORS[scheme])
@@ -316,6 +309,35 @@ def build_quant_model(out_dir: str | Path, scheme: str, arch: str = "llama") -> 
         config["torch_dtype"] = "float16"
     config["quantization_config"] = quantization
     _write(out, tensors, config, src)
+    return out
+
+
+def build_quant_model(out_dir: str | Path, scheme: str, arch: str = "llama") -> Path:
+    """Write the ``scheme`` checkpoint of the tiny ``arch`` model to ``out_dir`` (cached)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    out = Path(out_dir)
+    stamp = out / _STAMP
+    wanted = {"scheme": scheme, "arch": arch, "hidden_size": HIDDEN_SIZE, "version": 3}
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return out
+    src = build_tiny_model(out.parent / f"float-{arch}-{HIDDEN_SIZE}", arch, HIDDEN_SIZE)
+    quantize_checkpoint(src, out, scheme)
+    stamp.write_text(json.dumps(wanted))
+    return out
+
+
+def quantized_copy(src: str | Path, scheme: str = "w8a8") -> Path:
+    """``src`` (a float checkpoint, e.g. the real model) quantized by ``scheme`` beside it, as
+    ``<src>-<scheme>``; made once, reused while the source and the scheme are unchanged."""
+    src = Path(src)
+    out = src.parent / f"{src.name}-{scheme}"
+    wanted = {"source": str(src), "scheme": scheme, "version": 2}
+    stamp = out / _STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    quantize_checkpoint(src, out, scheme)
     stamp.write_text(json.dumps(wanted))
     return out
 

@@ -19,9 +19,10 @@ import torch
 from sglang.srt.layers import linear as sglang_linear
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
 
+from ....dispatch.binder import Decline, FallbackChain
 from ....dispatch.prepare import PreparedChain, prepare_chain
 from ....dispatch_report import DispatchReport, ReportEvent, Runner
-from ....errors import NoImplementationError, SglangFlError, StrictModeError, Unsupported
+from ....errors import NoImplementationError, SglangFlError
 from ....ops.experts import MoeActivation
 from ....runtime import Runtime, get_runtime
 from ....schema import impl_fields
@@ -67,50 +68,30 @@ class QuantRouting:
         label = f"{qualname(type(layer))}[{op}]"
         obj = served.stand_in(layer)
         weights = served.weights(layer)
-        strict = self.runtime.config.strict
         try:
             resolution = self.runtime.resolve(op)
-            prepared = prepare_chain(op, resolution.chain, obj, weights, strict=strict)
+            prepared = prepare_chain(op, resolution.chain, obj, weights, strict=resolution.strict)
         except NoImplementationError as exc:
             raise QuantizationNotServed(
                 f"{label} ({served.scheme}): {exc}; on sglang-fl's platform SGLang has no other "
                 "kernel for it"
             ) from exc
         self._report_declines(prepared)
-        chain = list(prepared.chain)
-        fn = self._walk(op, chain, strict)
-        fn = self.verifier.wrap(fn, chain[0], label, chain=prepared.chain)
+        chain = FallbackChain(op, prepared.chain, strict=resolution.strict, on_decline=self._declined)
+        fn = self.verifier.wrap(chain.fn, chain.impls[0], label, chain=chain)
         self._report_layer(label, op, served, sglang_method, prepared)
-        return BoundLayer(op, fn, obj, weights, chain[0].impl_id)
+        return BoundLayer(op, fn, obj, weights, chain.impls[0].impl_id)
 
-    def _walk(self, op: str, chain: list[Any], strict: bool) -> Any:
-        """The layer's chain as one callable: a decline goes to the next candidate, reported."""
-        steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-        if len(steps) == 1 and not strict:
-            return steps[0][1]
-
-        def call(*args: Any) -> Any:
-            for index, (impl_id, fn) in enumerate(steps):
-                try:
-                    return fn(*args)
-                except Unsupported as exc:
-                    if strict or index == len(steps) - 1:
-                        raise StrictModeError(
-                            f"SGLANG_FL_STRICT=1: {impl_id} declined a call of {op} ({exc})"
-                        ) if strict else exc
-                    self._declined(op, impl_id, steps[index + 1][0], str(exc))
-            raise AssertionError("unreachable")
-
-        return call
-
-    def _declined(self, op: str, impl_id: str, next_impl_id: str, reason: str) -> None:
-        if self._once("call", op, impl_id, reason):
+    def _declined(self, decline: Decline) -> None:
+        """A call a layer's chain handed on: one ``fallback`` record per implementation and
+        reason in this process (each layer has its own chain)."""
+        if self._once("call", decline.op, decline.impl_id, decline.reason):
             self.report.emit(
                 ReportEvent.FALLBACK,
-                op=op,
-                impl_id=impl_id,
-                next_impl_id=next_impl_id,
-                reason=reason,
+                op=decline.op,
+                impl_id=decline.impl_id,
+                next_impl_id=decline.next_impl_id,
+                reason=decline.reason,
                 runner=Runner.SGLANG_FL,
             )
 
