@@ -9,6 +9,11 @@ the dequantized weight; ``fused_moe``'s reference for the experts), both measure
 interleaved run (``timing.interleaved``). The target is <= 1.5x; the table says what limits a
 row that misses it. Wall-clock medians, and the same ratio in thread CPU time (which leaves out
 time other processes took on a shared machine).
+
+Both sides run on one intra-op thread by default (``--threads``): on a shared machine each
+parallel region waits for its other threads to be scheduled, which on 2 busy cores made small
+element-wise ops (a 16-token activation quantization) a hundred times slower and the ratios
+noise; ``--threads 0`` keeps torch's own count.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ EXPERTS, TOP_K, HIDDEN, INTER = 8, 2, 1024, 512
 # Why a row may miss the target on a CPU: what the reference has to do per call that a float
 # layer does not.
 LIMITS = {
+    "w8a8_int8_linear": "torch._int_mm has no matrix-vector path: a 1-token call costs what a "
+    "64-token one does (float32 F.linear has a GEMV); plus quantizing x and the int32 epilogue",
+    "fused_moe_w8a8_int8": "torch._int_mm per expert without a matrix-vector path, plus each "
+    "expert's activation quantization",
     "w8a8_fp8_linear": "no float8 arithmetic on this CPU: the weight is converted per call",
     "w8a8_block_fp8_linear": "no float8 arithmetic: weight converted and block-scaled per call",
     "wna16_linear": "no 4-bit arithmetic: the weight is unpacked and dequantized per call",
@@ -141,8 +150,8 @@ def measure(quick: bool) -> list[tuple[str, int, float, float]]:
 def table(rows: list[tuple[str, int, float, float]]) -> str:
     lines = [
         f"Reference quantized layers vs the float32 layer of the same shape (K = N = {K}; "
-        f"experts {EXPERTS}, top-{TOP_K}, hidden {HIDDEN}, intermediate {INTER}); "
-        f"target <= {TARGET}x",
+        f"experts {EXPERTS}, top-{TOP_K}, hidden {HIDDEN}, intermediate {INTER}; "
+        f"{torch.get_num_threads()} intra-op thread(s)); target <= {TARGET}x",
         "",
         "| op | tokens | time ratio | CPU-time ratio | within target | what limits it |",
         "| --- | ---: | ---: | ---: | :---: | --- |",
@@ -159,7 +168,14 @@ def table(rows: list[tuple[str, int, float, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)"
+    )
     args = parser.parse_args(argv)
+    if args.threads < 0:
+        parser.error(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print("quantized references vs float layers (side by side):", flush=True)
     print()
     print(table(measure(args.quick)))

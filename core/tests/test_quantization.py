@@ -1,11 +1,13 @@
 """Quantized ops: the references' numerics, weight preparation, and the kit running it.
 
 The references' agreement with compressed-tensors' own quantize-dequantize (the formats'
-oracle) is checked where compressed-tensors is installed: tests/sglang/test_quantization_numerics.py.
+oracle) is checked where compressed-tensors is installed:
+tests/sglang/test_quantization_layers.py.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import Any
 
@@ -65,11 +67,13 @@ def test_compressed_tensors_int8_divides_by_half_the_range_in_the_input_dtype() 
     expected_scale = (torch.tensor(2.55, dtype=torch.bfloat16) / 127.5).float()
     assert scale[0, 0] == expected_scale  # amax / 127.5, rounded to bfloat16 first
     assert scale[1, 0] == torch.finfo(torch.bfloat16).eps  # a zero row: the dtype's eps
-    assert q.dtype == torch.int8 and q[1].eq(0).all()
+    assert q.dtype == torch.int8
+    assert q[1].eq(0).all()
     # amax 127.5: scale 1, and -127.5 (the most negative) rounds half to even to -128
     q, scale = quantize_rows(torch.tensor([[-127.5, 126.5, 0.5]]), QuantType.INT8,
                              ActQuant.COMPRESSED_TENSORS)  # fmt: skip
-    assert scale.item() == 1.0 and q.tolist() == [[-128, 126, 0]]
+    assert scale.item() == 1.0
+    assert q.tolist() == [[-128, 126, 0]]
 
 
 def test_absmax_rule_divides_by_qmax_in_float32() -> None:
@@ -78,14 +82,16 @@ def test_absmax_rule_divides_by_qmax_in_float32() -> None:
     assert torch.allclose(scale, torch.tensor([[2.54 / 127]]))
     assert q.tolist() == [[50, -127, 25]]
     zeros_q, zeros_scale = quantize_rows(torch.zeros(1, 4), QuantType.INT8, ActQuant.ABSMAX)
-    assert zeros_q.eq(0).all() and zeros_scale.item() == pytest.approx(1e-10 / 127)
+    assert zeros_q.eq(0).all()
+    assert zeros_scale.item() == pytest.approx(1e-10 / 127)
 
 
 @pytest.mark.parametrize("rule", list(ActQuant))
 def test_fp8_groups_each_get_their_own_scale(rule: ActQuant) -> None:
     x = torch.cat([torch.full((2, 4), 1.0), torch.full((2, 4), 100.0)], dim=1)
     q, scale = quantize_rows(x, QuantType.FP8, rule, group_size=4)
-    assert q.dtype == FP8_DTYPE and scale.shape == (2, 2)
+    assert q.dtype == FP8_DTYPE
+    assert scale.shape == (2, 2)
     assert torch.allclose(scale[:, 1] / scale[:, 0], torch.tensor(100.0))
     assert torch.allclose(dequantize_rows(q, scale, 4), x)
 
@@ -110,7 +116,8 @@ def test_pack_and_unpack_are_inverse(bits: int) -> None:
     half = 1 << (bits - 1)
     values = torch.randint(-half, half, (5, 40), dtype=torch.int8)
     packed = pack_int32(values, bits)
-    assert packed.dtype == torch.int32 and packed.shape == (5, 40 * bits // 32)
+    assert packed.dtype == torch.int32
+    assert packed.shape == (5, 40 * bits // 32)
     assert torch.equal(unpack_int32(packed, bits, 40), values)
 
 
@@ -163,7 +170,7 @@ def test_block_fp8_linear_uses_the_activation_groups_of_the_block_width() -> Non
 def test_quantized_moe_matches_per_expert_linears() -> None:
     op = "fused_moe_w8a8_int8"
     case = inputs(op, case_index(op, "tokens=17", "experts=8", "silu", "act_quant=absmax"))
-    x, w13, w2, s13, s2, weights, ids, activation = case.args
+    x, w13, w2, s13, s2, weights, ids, _activation = case.args
     linear = get_contract("w8a8_int8_linear").reference
     obj = type("Obj", (), {"act_quant": case.obj.act_quant})()
     want = torch.zeros_like(x)
@@ -208,7 +215,8 @@ def test_the_kit_hands_an_implementation_what_it_prepared() -> None:
     assert {o.status for o in outcomes} == {PASSED}, outcomes
     unprepared = acme("w8a8_int8_linear", transposing_int8_linear)
     failed = check_case(unprepared, contract.cases[2], torch.float32)
-    assert failed.status == FAILED and "got the checkpoint layout" in failed.message
+    assert failed.status == FAILED
+    assert "got the checkpoint layout" in failed.message
 
 
 def test_a_prepare_step_that_writes_the_weights_fails_the_kit() -> None:
@@ -218,10 +226,8 @@ def test_a_prepare_step_that_writes_the_weights_fails_the_kit() -> None:
 
     impl = acme("w8a8_int8_linear", transposing_int8_linear, prepare_in_place)
     outcome = check_case(impl, get_contract("w8a8_int8_linear").cases[2], torch.float32)
-    assert (
-        outcome.status == FAILED
-        and "input 'weight_scale' (48 of 48 elements) was modified" in outcome.message
-    )
+    assert outcome.status == FAILED
+    assert "input 'weight_scale' (48 of 48 elements) was modified" in outcome.message
 
 
 def test_a_layer_declined_by_prepare_is_a_skip() -> None:
@@ -230,13 +236,15 @@ def test_a_layer_declined_by_prepare_is_a_skip() -> None:
 
     impl = acme("w8a8_int8_linear", transposing_int8_linear, decline)
     outcome = check_case(impl, get_contract("w8a8_int8_linear").cases[2], torch.float32)
-    assert outcome.status == SKIPPED and "N must be a multiple of 128" in outcome.message
+    assert outcome.status == SKIPPED
+    assert "N must be a multiple of 128" in outcome.message
 
 
 def test_registration_refuses_a_prepare_step_for_an_op_without_weights() -> None:
     registry = OpRegistry()
+    reference = get_contract("rms_norm").reference
     impl = OpImpl("rms_norm", "vendor.acme", BackendImplKind.VENDOR,
-                  get_contract("rms_norm").reference, "acme", prepare=prepare_transposed)  # fmt: skip
+                  reference, "acme", prepare=prepare_transposed)  # fmt: skip
     with pytest.raises(RegistrationError, match="op 'rms_norm' has no weights to prepare"):
         registry.register(impl)
     bad = OpImpl("wna16_linear", "vendor.acme", BackendImplKind.VENDOR,
@@ -258,7 +266,8 @@ def test_backend_implementations_carry_a_prepared_kernel() -> None:
             "rms_norm": get_contract("rms_norm").reference,
         }
     )
-    assert impls[0].prepare is prepare_transposed and impls[0].fn is transposing_int8_linear
+    assert impls[0].prepare is prepare_transposed
+    assert impls[0].fn is transposing_int8_linear
     assert impls[1].prepare is None
     registry = OpRegistry()
     registry.register_many(impls)
@@ -267,7 +276,7 @@ def test_backend_implementations_carry_a_prepared_kernel() -> None:
 
 def layer_case() -> tuple[Any, tuple[Any, ...], torch.Tensor]:
     case = inputs("w8a8_int8_linear", case_index("w8a8_int8_linear", "tokens=7", "bias"))
-    x, weight, scale, bias = case.args
+    x, weight, scale, _bias = case.args
     return case.obj, (weight, scale), x
 
 
@@ -307,9 +316,13 @@ def test_a_candidate_declining_the_layer_is_left_out_with_its_reason() -> None:
     chain = prepare_chain(op, [vendor, reference_impl(op)], obj, weights)
     assert [impl.impl_id for impl in chain.chain] == [f"reference.{op}"]
     assert chain.declined == ((vendor, "int8 GEMM needs N % 16 == 0"),)
-    with pytest.raises(StrictModeError, match="vendor.acme declined to prepare the weights"):
+    with pytest.raises(
+        StrictModeError, match=re.escape("vendor.acme declined to prepare the weights")
+    ):
         prepare_chain(op, [vendor, reference_impl(op)], obj, weights, strict=True)
-    with pytest.raises(NoImplementationError, match="vendor.acme: int8 GEMM needs N % 16 == 0"):
+    with pytest.raises(
+        NoImplementationError, match=re.escape("vendor.acme: int8 GEMM needs N % 16 == 0")
+    ):
         prepare_chain(op, [vendor], obj, weights)
 
 
@@ -317,16 +330,20 @@ def test_a_prepare_step_returning_the_wrong_arity_is_named() -> None:
     op = "w8a8_int8_linear"
     obj, weights, _ = layer_case()
     vendor = acme(op, transposing_int8_linear, lambda obj, w, s: w.t())
-    with pytest.raises(TypeError, match="vendor.acme: prepare for op 'w8a8_int8_linear' returned"):
+    with pytest.raises(
+        TypeError, match=re.escape("vendor.acme: prepare for op 'w8a8_int8_linear' returned")
+    ):
         prepare_chain(op, [vendor], obj, weights)
 
 
 @pytest.mark.parametrize("op", QUANTIZED)
 def test_each_quantized_op_lists_its_weights_and_has_empty_batches(op: str) -> None:
     contract = get_contract(op)
-    assert contract.weights and contract.weights[0] in ("weight", "w13")
+    assert contract.weights
+    assert contract.weights[0] in ("weight", "w13")
     assert any("tokens=0" in case.name for case in contract.cases)
     assert any("strided" in case.name for case in contract.cases)
     empty = inputs(op, case_index(op, "tokens=0"))
     out = contract.reference(empty.obj, *empty.args)
-    assert out.shape[0] == 0 and out.dtype == torch.float32
+    assert out.shape[0] == 0
+    assert out.dtype == torch.float32

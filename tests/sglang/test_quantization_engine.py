@@ -136,7 +136,11 @@ def test_every_quantized_layer_runs_on_sglang_fl(engine: Engine) -> None:
     for name, row in quantized.items():
         assert re.fullmatch(r"sglang\.srt\.layers\..+\[\w+\]", name), name
         assert row["scheme"], row
-        expected = IMPL_ID if row["op"] == "w8a8_int8_linear" and "quantprobe" in engine.spec.sites else f"reference.{row['op']}"
+        expected = (
+            IMPL_ID
+            if row["op"] == "w8a8_int8_linear" and "quantprobe" in engine.spec.sites
+            else f"reference.{row['op']}"
+        )
         assert row["impl_id"] == expected, row
 
 
@@ -150,7 +154,8 @@ def test_a_vendor_kernel_serves_with_its_own_layout_and_declines_are_reported(
     engine.generate(SHORT, max_new_tokens=MAX_NEW_TOKENS)
     served = (engine.workdir / "quantprobe.log").read_text().split()
     sizes = [int(n) for n in served[1::2]]
-    assert sizes and max(sizes) <= TILE_TOKENS, sizes
+    assert sizes
+    assert max(sizes) <= TILE_TOKENS, sizes
     assert 1 in sizes  # decode
     fallbacks = [r for r in engine.records() if r["event"] == "fallback"]
     declined = {(r["op"], r["impl_id"], r.get("stage"), r["reason"]) for r in fallbacks}

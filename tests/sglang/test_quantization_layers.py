@@ -199,7 +199,8 @@ def test_compressed_tensors_linear_is_the_formats_arithmetic(
     got_3d = layer.quant_method.apply(layer, x.reshape(1, tokens, -1))
     torch.testing.assert_close(got_3d.reshape(tokens, -1), got, rtol=0, atol=0)
     rows = [r for r in read_log(dispatch_log) if r["event"] == "layer" and r["op"] == op]
-    assert rows and all(r["runner"] == "sglang-fl" for r in rows)
+    assert rows
+    assert all(r["runner"] == "sglang-fl" for r in rows)
     assert {r["impl_id"] for r in rows} == {f"reference.{op}"}
     assert all(r["sglang_forward"] == "CompressedTensorsLinearMethod" for r in rows)
 
@@ -386,6 +387,7 @@ def test_the_platform_answers_for_the_served_names_only() -> None:
 
     for name in SERVED:
         config = current_platform.get_quantization_config(name)
-        assert config is quantization_config(name) and config is not None
+        assert config is quantization_config(name)
+        assert config is not None
         assert torch.float32 in config.get_supported_act_dtypes()
     assert current_platform.get_quantization_config("gguf") is None

@@ -83,7 +83,8 @@ def test_absmax_layers_quantize_on_the_npu_operator(
     """npu_dynamic_quant computes rowMax(|x|) / 127: the absmax rule; compressed-tensors'
     layers (127.5, a scale in x's dtype) are quantized by the rule itself."""
     weight_t, scale = prepare_int8(None, *int8_layer())
-    assert weight_t.shape == (64, 48) and weight_t.stride(0) == 1
+    assert weight_t.shape == (64, 48)
+    assert weight_t.stride(0) == 1
     x = torch.randn(5, 64).to(torch.bfloat16)
     w8a8_int8_linear(SimpleNamespace(act_quant=rule), x, weight_t, scale, torch.ones(48))
     assert [c.name for c in npu.calls] == [*quantizer, "npu_quant_matmul"]
@@ -99,11 +100,15 @@ def test_four_bit_weights_are_packed_once_at_preparation(npu: TorchNpuQuantDoubl
     obj = SimpleNamespace(num_bits=4, group_size=64)
     packed, antiquant_scale, offset = prepare_wna16(obj, pack_int32(q, 4), scale, None)
     assert [c.name for c in npu.calls] == ["npu_convert_weight_to_int4pack"]
-    assert packed.dtype == torch.int32 and packed.shape == (128, 8)
-    assert antiquant_scale.shape == (2, 64) and offset is None
+    assert packed.dtype == torch.int32
+    assert packed.shape == (128, 8)
+    assert antiquant_scale.shape == (2, 64)
+    assert offset is None
 
 
-def test_groups_the_operator_does_not_take_are_declined_at_preparation(npu: TorchNpuQuantDouble) -> None:
+def test_groups_the_operator_does_not_take_are_declined_at_preparation(
+    npu: TorchNpuQuantDouble,
+) -> None:
     q = torch.randint(-8, 8, (64, 128), dtype=torch.int8)
     obj = SimpleNamespace(num_bits=4, group_size=16)
     with pytest.raises(Unsupported, match="groups of 32-multiples"):

@@ -48,7 +48,8 @@ class TorchNpuQuantDouble(TorchNpuDouble):
         "empty, K and N in [1, 65535]",
         DOCS.format(
             "npu_weight_quant_batchmatmul",
-            "x float16、bfloat16 ... weight int8、int32 ... 不支持空Tensor输入 ... K、N的范围为[1, 65535]",
+            "x float16、bfloat16 ... weight int8、int32 ... 不支持空Tensor输入 ... "
+            "K、N的范围为[1, 65535]",
         ),
     )
     WEIGHT_QUANT_SCALES = Constraint(
@@ -59,29 +60,37 @@ class TorchNpuQuantDouble(TorchNpuDouble):
         DOCS.format(
             "npu_weight_quant_batchmatmul",
             "antiquant_scale ... 其数据类型需与x保持一致 ... per_group模式 (ceil(K, group), N) ... "
-            "antiquant_group_size [32, K-1]且必须是32的倍数; antiquant_scale和antiquant_offset的输入"
+            "antiquant_group_size [32, K-1]且必须是32的倍数; "
+            "antiquant_scale和antiquant_offset的输入"
             "shape要保持一致",
         ),
     )
     WEIGHT_QUANT_BIAS = Constraint(
         "npu_weight_quant_batchmatmul",
         "a contiguous bias [N]: float32 with bfloat16 x, float16 with float16 x",
-        DOCS.format("npu_weight_quant_batchmatmul", "bias ... 当x数据类型为bfloat16，bias需为float32"),
+        DOCS.format(
+            "npu_weight_quant_batchmatmul", "bias ... 当x数据类型为bfloat16，bias需为float32"
+        ),
     )
     INT4PACK = Constraint(
         "npu_convert_weight_to_int4pack",
         "a contiguous 2-D int32 weight of values in [-8, 7], the last dim a multiple of 8",
         DOCS.format(
             "npu_convert_weight_to_int4pack",
-            "数据类型支持int32，要求weight中元素取值在int4的表示范围内 ... 最后一维度需要8个元素对齐 ... "
+            "数据类型支持int32，要求weight中元素取值在int4的表示范围内 ... "
+            "最后一维度需要8个元素对齐 ... "
             "不支持非连续的Tensor",
         ),
     )
 
     def npu_dynamic_quant(self, x, *, smooth_scales=None, group_index=None, dst_type=None):  # type: ignore[no-untyped-def]
         self.record("npu_dynamic_quant", x, smooth_scales=smooth_scales, dst_type=dst_type)
-        self.DYNAMIC_QUANT_INPUT.check(x.dtype in HALF and x.dim() > 1, f"{x.dtype} {tuple(x.shape)}")
-        assert smooth_scales is None and group_index is None and dst_type is None, "not modelled"
+        self.DYNAMIC_QUANT_INPUT.check(
+            x.dtype in HALF and x.dim() > 1, f"{x.dtype} {tuple(x.shape)}"
+        )
+        assert smooth_scales is None, "not modelled"
+        assert group_index is None, "not modelled"
+        assert dst_type is None, "not modelled"
         values = x.float()
         scale = values.abs().amax(dim=-1) / 127.0  # rowMax(|x|) / DTYPE_MAX
         q = torch.round(values / scale.clamp(min=1e-10).unsqueeze(-1)).clamp(-127, 127)
@@ -109,7 +118,8 @@ class TorchNpuQuantDouble(TorchNpuDouble):
             and (bias is None or (bias.dtype in (torch.int32, torch.bfloat16, torch.float32)
                                   and tuple(bias.shape) == (n,))),
             f"scale {scale.dtype} {tuple(scale.shape)}, pertoken "
-            f"{None if pertoken_scale is None else (pertoken_scale.dtype, tuple(pertoken_scale.shape))}"
+            f"{None if pertoken_scale is None else pertoken_scale.dtype} "
+            f"{None if pertoken_scale is None else tuple(pertoken_scale.shape)}"
             f", bias {None if bias is None else bias.dtype}, output {output_dtype}",
         )  # fmt: skip
         acc = torch._int_mm(x1, x2.contiguous()).float()
@@ -161,7 +171,8 @@ class TorchNpuQuantDouble(TorchNpuDouble):
             self.WEIGHT_QUANT_BIAS.check(
                 bias.dtype == want and bias.is_contiguous() and bias.numel() == n, str(bias.dtype)
             )
-        assert quant_scale is None and quant_offset is None, "not modelled"
+        assert quant_scale is None, "not modelled"
+        assert quant_offset is None, "not modelled"
         values = weight.float()
         if packed:
             words = weight.to(torch.int64) & 0xFFFFFFFF

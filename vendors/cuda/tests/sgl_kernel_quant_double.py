@@ -37,12 +37,15 @@ class SglKernelQuantDouble(SglKernelDouble):
         f"{INT8_GEMM}: 'mat_a must be a row major tensor', 'mat_b must be a column major tensor'",
     )
     MM_OUT_DTYPE = Constraint(
-        SCALED_MMS, "out_dtype float16 or bfloat16", f"{INT8_GEMM}: 'out_dtype must be Half or BFloat16'"
+        SCALED_MMS,
+        "out_dtype float16 or bfloat16",
+        f"{INT8_GEMM}: 'out_dtype must be Half or BFloat16'",
     )
     INT8_ALIGN = Constraint(
         "int8_scaled_mm",
         "int8 operands, K % 16 == 0 and N % 8 == 0",
-        f"{INT8_GEMM}: 'mat_a.size(1) must be multiple of 16', 'mat_b.size(1) must be multiple of 8'",
+        f"{INT8_GEMM}: 'mat_a.size(1) must be multiple of 16', "
+        "'mat_b.size(1) must be multiple of 8'",
     )
     MM_SCALES = Constraint(
         "int8_scaled_mm/fp8_scaled_mm",
@@ -78,6 +81,7 @@ class SglKernelQuantDouble(SglKernelDouble):
         f"{AWQ}: a grid of qweight_cols / 16 x qweight_rows / 16 blocks of 16x16 threads",
         "leaves the output's remainder unwritten",
     )
+
     def int8_scaled_mm(self, mat_a, mat_b, scales_a, scales_b, out_dtype, bias=None):  # type: ignore[no-untyped-def]
         self.record("int8_scaled_mm", mat_a, mat_b, scales_a, scales_b, out_dtype, bias)
         self._check_mm(mat_a, mat_b, out_dtype)
@@ -119,7 +123,8 @@ class SglKernelQuantDouble(SglKernelDouble):
         self.record("awq_dequantize", qweight, scales, qzeros)
         self.AWQ_HALF.check(
             scales.dtype == torch.float16 and qweight.dtype == torch.int32
-            and qzeros.dtype == torch.int32 and all(t.is_contiguous() for t in (qweight, scales, qzeros)),
+            and qzeros.dtype == torch.int32
+            and all(t.is_contiguous() for t in (qweight, scales, qzeros)),
             f"scales {scales.dtype}, qweight {qweight.dtype}",
         )  # fmt: skip
         rows, cols = qweight.shape
@@ -197,8 +202,10 @@ class SglangTritonQuantMoeDouble(SglangTritonMoeDouble):
         "reads the wrong scales",
     )
 
-    def outplace_fused_experts(self, hidden_states, w1, w2, topk_weights, topk_ids,  # type: ignore[no-untyped-def, override]
-                               b1=None, b2=None, activation="silu", is_gated=True, **options):  # fmt: skip
+    def outplace_fused_experts(  # type: ignore[no-untyped-def, override]
+        self, hidden_states, w1, w2, topk_weights, topk_ids,
+        b1=None, b2=None, activation="silu", is_gated=True, **options,
+    ):  # fmt: skip
         quantized = options.get("use_int8_w8a8") or options.get("use_fp8_w8a8")
         if not quantized:
             return super().outplace_fused_experts(
@@ -215,8 +222,11 @@ class SglangTritonQuantMoeDouble(SglangTritonMoeDouble):
         s1, s2 = options["w1_scale"], options["w2_scale"]
         experts = w1.shape[0]
         if block is None:
-            shapes_ok = options.get("per_channel_quant") and tuple(s1.shape) == (
-                experts, w1.shape[1], 1) and tuple(s2.shape) == (experts, w2.shape[1], 1)  # fmt: skip
+            shapes_ok = (
+                bool(options.get("per_channel_quant"))
+                and tuple(s1.shape) == (experts, w1.shape[1], 1)
+                and tuple(s2.shape) == (experts, w2.shape[1], 1)
+            )
         else:
             bn, bk = block
             shapes_ok = tuple(s1.shape) == (experts, -(-w1.shape[1] // bn), w1.shape[2] // bk)

@@ -66,7 +66,9 @@ def test_every_quantized_op_is_registered_with_its_prepare_step() -> None:
 
 
 @pytest.mark.parametrize(("op", "case", "dtype"), CASES)
-def test_contract_case(gemms: SglKernelQuantDouble, op: str, case: OpCase, dtype: torch.dtype) -> None:
+def test_contract_case(
+    gemms: SglKernelQuantDouble, op: str, case: OpCase, dtype: torch.dtype
+) -> None:
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, dict(case.params), dtype) else PASSED
     assert outcome.status == expected, outcome.message
@@ -84,14 +86,19 @@ def int8_layer(n: int = 64, k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
 def test_int8_weights_are_prepared_column_major_without_a_copy(gemms: SglKernelQuantDouble) -> None:
     weight, scale = int8_layer()
     weight_t, scale_prepared = prepare_int8(None, weight, scale)
-    assert weight_t.shape == (128, 64) and weight_t.stride(0) == 1
+    assert weight_t.shape == (128, 64)
+    assert weight_t.stride(0) == 1
     assert weight_t.data_ptr() == weight.data_ptr()
     x = torch.randn(3, 128).to(torch.bfloat16)
     obj = SimpleNamespace(act_quant="compressed-tensors")
     w8a8_int8_linear(obj, x, weight_t, scale_prepared)
-    ((name, (mat_a, mat_b, scales_a, scales_b, out_dtype, bias), _),) = gemms.calls
-    assert name == "int8_scaled_mm" and mat_b is weight_t and out_dtype == torch.bfloat16
-    assert mat_a.dtype == torch.int8 and scales_a.shape == (3,) and bias is None
+    ((name, (mat_a, mat_b, scales_a, _scales_b, out_dtype, bias), _),) = gemms.calls
+    assert name == "int8_scaled_mm"
+    assert mat_b is weight_t
+    assert out_dtype == torch.bfloat16
+    assert mat_a.dtype == torch.int8
+    assert scales_a.shape == (3,)
+    assert bias is None
 
 
 @pytest.mark.parametrize(("n", "k"), [(60, 128), (64, 120)])
@@ -116,8 +123,9 @@ def test_block_scales_are_prepared_k_major(gemms: SglKernelQuantDouble) -> None:
     weight = torch.randn(256, 384).to(torch.float8_e4m3fn)
     scale = torch.rand(2, 3)
     obj = SimpleNamespace(weight_block_size=(128, 128))
-    weight_t, scale_t = prepare_block_fp8(obj, weight, scale)
-    assert scale_t.shape == (3, 2) and scale_t.stride(0) == 1
+    _weight_t, scale_t = prepare_block_fp8(obj, weight, scale)
+    assert scale_t.shape == (3, 2)
+    assert scale_t.stride(0) == 1
     with pytest.raises(Unsupported, match="128x128 blocks"):
         prepare_block_fp8(SimpleNamespace(weight_block_size=(64, 64)), weight, scale)
 

@@ -12,6 +12,7 @@ with Triton or torch_npu kernels (``fused_experts(use_int8_w8a8=..., use_fp8_w8a
 
 from __future__ import annotations
 
+import math
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -152,7 +153,7 @@ def fused_moe_w8a8_fp8_reference(
             q, row_scale = quantize_rows(rows, QuantType.FP8, rule)
             return (q.to(torch.float32) @ weight.to(torch.float32).t()) * row_scale * scale
         q, row_scale = quantize_rows(rows, QuantType.FP8, rule, block[1])
-        dense = dequantize_block(weight, scale, tuple(block))  # type: ignore[arg-type]
+        dense = dequantize_block(weight, scale, tuple(block))
         return dequantize_rows(q, row_scale, block[1]) @ dense.t()
 
     return _experts(
@@ -226,7 +227,7 @@ def _make_fp8_inputs(
 
     def scales(n: int, k: int) -> torch.Tensor:
         shape = (experts, n) if block is None else (experts, -(-n // block[0]), k // block[1])
-        return (torch.rand(shape, generator=g) + 0.5) / (64 * k**0.5)
+        return (torch.rand(shape, generator=g) + 0.5) / (64 * math.sqrt(k))
 
     return OpInputs(
         obj=layer(act_quant=p["act_quant"], weight_block_size=block, num_experts=experts),

@@ -117,14 +117,19 @@ def prepare_wna16(
     if k > MAX_K_N or n > MAX_K_N:
         raise Unsupported(f"npu_weight_quant_batchmatmul takes K, N up to {MAX_K_N} (K={k}, N={n})")
     if weight_scale.dtype not in HALF:
-        raise Unsupported(f"npu_weight_quant_batchmatmul's scales are float16/bfloat16, not {weight_scale.dtype}")
+        raise Unsupported(
+            f"npu_weight_quant_batchmatmul's scales are float16/bfloat16, not {weight_scale.dtype}"
+        )
     if groups > 1 and (obj.group_size % 32 or not 32 <= obj.group_size < k):
         raise Unsupported(
-            f"npu_weight_quant_batchmatmul groups of 32-multiples in [32, K-1], not {obj.group_size}"
+            "npu_weight_quant_batchmatmul groups of 32-multiples in [32, K-1], "
+            f"not {obj.group_size}"
         )
     values = unpack_int32(weight, obj.num_bits, k)  # [N, K] signed
     if obj.num_bits == 4:
-        packed = TORCH_NPU.require().npu_convert_weight_to_int4pack(values.to(torch.int32).t().contiguous())
+        packed = TORCH_NPU.require().npu_convert_weight_to_int4pack(
+            values.to(torch.int32).t().contiguous()
+        )
     else:
         packed = values.t()  # int8 [K, N], a transposed input
     offset = None

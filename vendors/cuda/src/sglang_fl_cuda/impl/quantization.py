@@ -160,7 +160,11 @@ def w8a8_block_fp8_linear(
         return x.new_empty((0, weight_t.shape[1]))
     q, scale = quantize_rows(x, QuantType.FP8, rule, CUTLASS_BLOCK[1])
     out: torch.Tensor = SGL_KERNEL.require().fp8_blockwise_scaled_mm(
-        q.contiguous(), weight_t, scale.t().contiguous().t(), scale_t, x.dtype  # M-major scales
+        q.contiguous(),
+        weight_t,
+        scale.t().contiguous().t(),
+        scale_t,
+        x.dtype,  # M-major scales
     )
     return out if bias is None else out + bias.to(x.dtype)
 
@@ -191,7 +195,9 @@ def prepare_wna16(
     if obj.num_bits != 4:
         raise Unsupported(f"awq_dequantize unpacks 4-bit weights, not {obj.num_bits}-bit")
     if weight_scale.dtype != torch.float16:
-        raise Unsupported(f"awq_dequantize reads float16 scales (at::Half), not {weight_scale.dtype}")
+        raise Unsupported(
+            f"awq_dequantize reads float16 scales (at::Half), not {weight_scale.dtype}"
+        )
     n, groups = weight_scale.shape
     k = groups * obj.group_size
     if k % 16 or (n // 8) % 16 or n % 8:
@@ -218,7 +224,9 @@ def wna16_linear(
     made: AutoAWQ's ``qweight``, ``scales`` and ``qzeros``."""
     qweight, scales, qzeros = weight, weight_scale, weight_zero_point
     if x.dtype != scales.dtype:
-        raise Unsupported(f"awq_dequantize's weight is {scales.dtype}; the activations are {x.dtype}")
+        raise Unsupported(
+            f"awq_dequantize's weight is {scales.dtype}; the activations are {x.dtype}"
+        )
     if x.shape[0] == 0:
         return x.new_empty((0, scales.shape[1]))
     dense = SGL_KERNEL.require().awq_dequantize(qweight, scales, qzeros)  # [K, N]

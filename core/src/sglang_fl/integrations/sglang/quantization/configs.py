@@ -80,7 +80,7 @@ class _ServedByOps:
         return super().get_quant_method(layer, prefix)  # type: ignore[misc]
 
 
-class SglangFlCompressedTensorsConfig(_ServedByOps, CompressedTensorsConfig):  # type: ignore[misc]
+class SglangFlCompressedTensorsConfig(_ServedByOps, CompressedTensorsConfig):
     """compressed-tensors, its scheme choice without the CUDA capability query."""
 
     def _check_scheme_supported(self, min_capability: int, error: bool = True) -> bool:
@@ -103,15 +103,15 @@ class SglangFlCompressedTensorsConfig(_ServedByOps, CompressedTensorsConfig):  #
         return bool(self._is_dynamic_token_w8a8(scheme["weights"], scheme["input_activations"]))
 
 
-class SglangFlFp8Config(_ServedByOps, Fp8Config):  # type: ignore[misc]
+class SglangFlFp8Config(_ServedByOps, Fp8Config):
     """``fp8`` (block-quantized checkpoints: DeepSeek-V3, Qwen3-FP8)."""
 
 
-class SglangFlW8A8Int8Config(_ServedByOps, W8A8Int8Config):  # type: ignore[misc]
+class SglangFlW8A8Int8Config(_ServedByOps, W8A8Int8Config):
     """``w8a8_int8``."""
 
 
-class SglangFlAWQConfig(_ServedByOps, AWQConfig):  # type: ignore[misc]
+class SglangFlAWQConfig(_ServedByOps, AWQConfig):
     """``awq`` (GEMM layout, zero points)."""
 
 

@@ -275,7 +275,7 @@ def _moe_block_weights(scale_names: tuple[str, str]) -> Weights:
 def moe_format(method: Any, layer: Any) -> Served | str:
     """How sglang-fl serves the ``FusedMoE`` ``layer`` whose SGLang method is ``method``."""
     name = _type_name(method)
-    scheme = getattr(layer, "scheme", None)
+    scheme: Any = getattr(layer, "scheme", None)
     if name == "CompressedTensorsFusedMoEMethod":
         scheme_name = _type_name(scheme)
         if scheme_name == "CompressedTensorsW8A8Fp8MoE":

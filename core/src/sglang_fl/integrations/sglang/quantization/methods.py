@@ -77,7 +77,9 @@ class QuantRouting:
                 "kernel for it"
             ) from exc
         self._report_declines(prepared)
-        chain = FallbackChain(op, prepared.chain, strict=resolution.strict, on_decline=self._declined)
+        chain = FallbackChain(
+            op, prepared.chain, strict=resolution.strict, on_decline=self._declined
+        )
         fn = self.verifier.wrap(chain.fn, chain.impls[0], label, chain=chain)
         self._report_layer(label, op, served, sglang_method, prepared)
         return BoundLayer(op, fn, obj, weights, chain.impls[0].impl_id)
@@ -144,7 +146,7 @@ def routing() -> QuantRouting:
     global _routing
     with _routing_lock:
         if _routing is None:
-            from ..plugin import get_router
+            from ..router import get_router
 
             router = get_router()
             if router is not None:
