@@ -12,8 +12,8 @@ with Triton or torch_npu kernels (``fused_experts(use_int8_w8a8=..., use_fp8_w8a
 
 from __future__ import annotations
 
-import math
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
