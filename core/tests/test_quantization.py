@@ -22,6 +22,7 @@ from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl, PreparedKernel, Provenance
 from sglang_fl.errors import NoImplementationError, RegistrationError, StrictModeError
 from sglang_fl.ops import get_contract
+from sglang_fl.ops.quantization import QUANTIZATION_OPS
 from sglang_fl.ops.quantization.linear import dequantize_wna16
 from sglang_fl.ops.quantization.numerics import (
     FP8_DTYPE,
@@ -36,14 +37,7 @@ from sglang_fl.ops.quantization.numerics import (
 from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, check_case
 
 PROVENANCE = Provenance(plugin="acme", distribution="sglang-fl-acme", version="1.0")
-QUANTIZED = (
-    "w8a8_int8_linear",
-    "w8a8_fp8_linear",
-    "w8a8_block_fp8_linear",
-    "wna16_linear",
-    "fused_moe_w8a8_int8",
-    "fused_moe_w8a8_fp8",
-)
+QUANTIZED = tuple(contract.name for contract in QUANTIZATION_OPS)
 
 
 def inputs(op: str, case_index: int = 0, dtype: torch.dtype = torch.float32) -> Any:

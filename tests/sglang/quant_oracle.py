@@ -126,35 +126,6 @@ def _register_experts_implementation() -> None:
     ALL_EXPERTS_FUNCTIONS.register(_EXPERT_QDQ, forward)
 
 
-def _greedy(
-    model_dir: Path,
-    prompts: list[str],
-    max_new_tokens: int,
-    prepare: Callable[[Any], None],
-    stop_at_eos: bool,
-) -> list[list[int]]:
-    """``hf_greedy`` on a model ``prepare`` equips with its quantize-dequantize steps."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    prepare(model)
-    results = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tokenizer(prompt, return_tensors="pt").input_ids
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=0 if stop_at_eos else max_new_tokens,
-                do_sample=False,
-            )
-            results.append(out[0, ids.shape[1] :].tolist())
-    return results
-
-
 def _experts_modules(model: Any) -> dict[int, Any]:
     return {
         index: layer.mlp.experts
@@ -239,7 +210,7 @@ def _ct_moe_greedy(model_dir: Path, prompts: list[str], n: int, stop_at_eos: boo
             qdq = compressed_tensors_qdq(layer_args[index])
             experts.qdq_gate_up = experts.qdq_down = qdq
 
-    return _greedy(oracle, prompts, n, prepare, stop_at_eos)
+    return hf_greedy(oracle, prompts, n, stop_at_eos=stop_at_eos, prepare=prepare)
 
 
 # --- fp8 (block) and awq: dense oracles -------------------------------------------------------
@@ -276,7 +247,7 @@ def _fp8_greedy(model_dir: Path, prompts: list[str], n: int, stop_at_eos: bool) 
         for experts in _experts_modules(model).values():
             experts.qdq_gate_up = experts.qdq_down = deepseek_act_qdq
 
-    return _greedy(dense, prompts, n, prepare, stop_at_eos)
+    return hf_greedy(dense, prompts, n, stop_at_eos=stop_at_eos, prepare=prepare)
 
 
 _AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column i of 8 sits in nibble _AWQ_REVERSE[i]

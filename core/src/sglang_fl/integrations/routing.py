@@ -38,6 +38,7 @@ __all__ = [
     "Rotate",
     "norm_rows",
     "qualname",
+    "report_decline",
     "rotate_heads",
     "rows_forward",
 ]
@@ -50,6 +51,18 @@ NormResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a norm: x, or (
 
 def qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def report_decline(report: DispatchReport, decline: Decline) -> None:
+    """The ``fallback`` record of a call a routed implementation handed on."""
+    report.emit(
+        ReportEvent.FALLBACK,
+        op=decline.op,
+        impl_id=decline.impl_id,
+        next_impl_id=decline.next_impl_id,
+        reason=decline.reason,
+        runner=Runner.SGLANG_FL,
+    )
 
 
 def _method_name(method: Any) -> str:
@@ -325,14 +338,7 @@ class LayerRouter:
         return chain
 
     def _report_decline(self, decline: Decline) -> None:
-        self.report.emit(
-            ReportEvent.FALLBACK,
-            op=decline.op,
-            impl_id=decline.impl_id,
-            next_impl_id=decline.next_impl_id,
-            reason=decline.reason,
-            runner=Runner.SGLANG_FL,
-        )
+        report_decline(self.report, decline)
 
     def _note_refusal(
         self, cls: type, op_name: str | None, reason: str, engine_forward: Forward

@@ -27,7 +27,8 @@ from ....ops.experts import MoeActivation
 from ....runtime import Runtime, get_runtime
 from ....schema import impl_fields
 from ....verify import Verifier
-from ...routing import qualname
+from ...routing import qualname, report_decline
+from ..bridges.moe import runner_config_problem
 from .formats import Served
 
 __all__ = ["QuantizationNotServed", "SglangFlLinearMethod", "SglangFlMoEMethod", "routing"]
@@ -88,14 +89,7 @@ class QuantRouting:
         """A call a layer's chain handed on: one ``fallback`` record per implementation and
         reason in this process (each layer has its own chain)."""
         if self._once("call", decline.op, decline.impl_id, decline.reason):
-            self.report.emit(
-                ReportEvent.FALLBACK,
-                op=decline.op,
-                impl_id=decline.impl_id,
-                next_impl_id=decline.next_impl_id,
-                reason=decline.reason,
-                runner=Runner.SGLANG_FL,
-            )
+            report_decline(self.report, decline)
 
     def _once(self, *key: str) -> bool:
         with self._lock:
@@ -222,22 +216,9 @@ class SglangFlLinearMethod(LinearMethodBase):
 
 def moe_runner_problem(layer: Any, config: Any) -> str | None:
     """Why a MoE layer's runner configuration is outside the quantized MoE ops, or ``None``."""
-    allowed = {a.value for a in MoeActivation}
-    if config.activation not in allowed:
-        return f"activation {config.activation!r} (the ops have {sorted(allowed)})"
-    options = {
-        "not is_gated": not config.is_gated,
-        "apply_router_weight_on_input": config.apply_router_weight_on_input,
-        "no_combine": config.no_combine,
-        "routed_scaling_factor": config.routed_scaling_factor not in (None, 1.0),
-        "gemm1_alpha": config.gemm1_alpha is not None,
-        "gemm1_beta": config.gemm1_beta is not None,
-        "gemm1_clamp_limit": config.gemm1_clamp_limit is not None,
-        "swiglu_limit": config.swiglu_limit is not None,
-    }
-    used = [name for name, on in options.items() if on]
-    if used:
-        return f"MoE runner option(s) {', '.join(used)}"
+    problem = runner_config_problem(config)
+    if problem is not None:
+        return problem
     local, total = layer.num_local_experts, layer.num_experts
     if local != total:
         return f"expert parallelism ({local} of {total} experts here)"
