@@ -22,17 +22,24 @@ import torch.nn.functional as F
 
 pytest.importorskip("sglang")
 
+from installed_dists import ENTRY_POINT_GROUP, install_dist
 from quant_models import AWQ_GROUP, BLOCK, HIDDEN_SIZE, build_quant_model
 from quant_oracle import compressed_tensors_qdq, deepseek_act_qdq
 from sglang_processes import persistent_cache
 
-from sglang_fl.dispatch_report import read_log
+from sglang_fl import StrictModeError
+from sglang_fl.config import Settings
+from sglang_fl.dispatch_report import DispatchReport, ReportEvent, read_log
 from sglang_fl.integrations.sglang.quantization import SERVED, quantization_config
 from sglang_fl.integrations.sglang.quantization.methods import (
     BOUND_ATTR,
     QuantizationNotServed,
+    QuantRouting,
 )
+from sglang_fl.ops import get_contract
 from sglang_fl.ops.quantization.numerics import dequantize_block
+from sglang_fl.runtime import Runtime
+from sglang_fl.verify import Verifier
 
 HEAD_DIM, HEADS, KV_HEADS = 128, 4, 2
 INTERMEDIATE = 2 * HIDDEN_SIZE  # the dense tiny model's MLP
@@ -391,3 +398,160 @@ def test_the_platform_answers_for_the_served_names_only() -> None:
         assert config is not None
         assert torch.float32 in config.get_supported_act_dtypes()
     assert current_platform.get_quantization_config("gguf") is None
+
+
+# -- a vendor's prepared kernels under verify mode, strict mode and the report -----------------
+
+# A throwaway vendor (installed as a distribution, discovered through its entry point) whose int8
+# kernel reads the weight it prepared (transposed) with a scale 1% off, and declines calls of
+# more than 16 tokens; its W4A16 kernel declines every layer when the weights are prepared.
+ACME = """
+from sglang_fl import PreparedKernel, Unsupported, hookimpl
+from sglang_fl.ops import get_contract
+from sglang_fl.types import Backend
+
+_INT8 = get_contract("w8a8_int8_linear").reference
+
+
+class Acme(Backend):
+    name = "acmequant"
+
+    def is_available(self):
+        return True
+
+
+def prepare_int8(obj, weight, weight_scale):
+    return weight.t(), weight_scale * 1.01
+
+
+def int8_linear(obj, x, weight_t, scale, bias=None):
+    if x.shape[0] > 16:
+        raise Unsupported("acmequant serves at most 16 tokens per call")
+    return _INT8(obj, x, weight_t.t(), scale, bias)
+
+
+def prepare_wna16(obj, weight, weight_scale, weight_zero_point):
+    raise Unsupported("acmequant has no 4-bit kernel")
+
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register_many(
+        Acme().implementations(
+            {
+                "w8a8_int8_linear": PreparedKernel(int8_linear, prepare_int8),
+                "wna16_linear": PreparedKernel(
+                    get_contract("wna16_linear").reference, prepare_wna16
+                ),
+            }
+        )
+    )
+"""
+ACME_ID = "vendor.acmequant"
+INT8_PREFIX = "model.layers.0.mlp.gate_up_proj"  # W8A8 int8 in the mixed checkpoint
+W4_PREFIX = "model.layers.1.mlp.gate_up_proj"  # W4A16
+
+
+@pytest.fixture
+def acme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = install_dist(
+        tmp_path / "site",
+        "sglang-fl-acmequant",
+        "0.0.1",
+        files={"sglang_fl_acmequant/__init__.py": ACME},
+        entry_points={ENTRY_POINT_GROUP: {"acmequant": "sglang_fl_acmequant"}},
+        dedent=False,
+    )
+    monkeypatch.syspath_prepend(str(site))
+
+
+def acme_routing(log: Path, **env: str) -> QuantRouting:
+    """A process's quantized-layer routing over a runtime that loads the installed plugins."""
+    settings = Settings.from_environment({f"SGLANG_FL_{k.upper()}": v for k, v in env.items()})
+    report = DispatchReport(log)
+    verifier = Verifier(
+        settings.verify, settings.verify_ops, lambda r: report.emit(ReportEvent.VERIFY, **r)
+    )
+    return QuantRouting(Runtime(settings), report, verifier)
+
+
+def loaded(kind: str, prefix: str) -> Any:
+    model = checkpoint("mixed_dense")
+    layer = linear(kind, prefix, config_of(model))
+    load_linear(layer, kind, prefix, tensors_of(model))
+    return layer
+
+
+@pytest.mark.usefixtures("acme")
+def test_verify_mode_checks_the_kernel_on_its_layout_and_declines_are_reported(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "dispatch.jsonl"
+    routing = acme_routing(log, verify="4")
+    layer = loaded("gate_up", INT8_PREFIX)
+    bound = routing.bind(layer, layer.quant_method.served, "CompressedTensorsLinearMethod")
+    assert bound.impl_id == ACME_ID
+    reference = get_contract("w8a8_int8_linear").reference
+    decode, prefill = randn(1, HIDDEN_SIZE, seed=1), randn(19, HIDDEN_SIZE, seed=2)
+    # The vendor's result is what the layer gets (verify observes, never corrects) ...
+    got = bound.fn(bound.obj, decode, *bound.weights, None)
+    torch.testing.assert_close(got, reference(bound.obj, decode, *bound.weights) * 1.01)
+    # ... and a call it declines is the reference's, computed from the checkpoint's layout.
+    got = bound.fn(bound.obj, prefill, *bound.weights, None)
+    torch.testing.assert_close(got, reference(bound.obj, prefill, *bound.weights), **EXACT)
+    records = read_log(log)
+    (layer_row,) = [r for r in records if r["event"] == "layer"]
+    assert (
+        layer_row["layer"]
+        == "sglang.srt.layers.linear.MergedColumnParallelLinear[w8a8_int8_linear]"
+    )
+    assert layer_row["impl_id"] == ACME_ID
+    assert layer_row["distribution"] == "sglang-fl-acmequant"
+    assert layer_row["fallbacks"] == ["reference.w8a8_int8_linear"]
+    assert layer_row["scheme"].startswith("compressed-tensors W8A8 int8")
+    verdicts = [(r["impl_id"], r["verdict"]) for r in records if r["event"] == "verify"]
+    assert verdicts == [(ACME_ID, "fail"), ("reference.w8a8_int8_linear", "pass")]
+    fallbacks = [r for r in records if r["event"] == "fallback"]
+    assert [(r["impl_id"], r["next_impl_id"], r["reason"], r.get("stage")) for r in fallbacks] == [
+        (ACME_ID, "reference.w8a8_int8_linear", "acmequant serves at most 16 tokens per call", None)
+    ]
+
+
+@pytest.mark.usefixtures("acme")
+def test_a_layer_declined_at_preparation_runs_on_the_next_candidate_reported(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "dispatch.jsonl"
+    routing = acme_routing(log)
+    for _ in range(2):  # a second layer of the kind: no second record
+        layer = loaded("gate_up", W4_PREFIX)
+        bound = routing.bind(layer, layer.quant_method.served, "CompressedTensorsLinearMethod")
+        assert bound.impl_id == "reference.wna16_linear"
+    records = read_log(log)
+    fallbacks = [r for r in records if r["event"] == "fallback"]
+    assert [
+        (r["op"], r["impl_id"], r["next_impl_id"], r["reason"], r["stage"]) for r in fallbacks
+    ] == [
+        (
+            "wna16_linear",
+            ACME_ID,
+            "reference.wna16_linear",
+            "acmequant has no 4-bit kernel",
+            "prepare",
+        )
+    ]
+    (layer_row,) = [r for r in records if r["event"] == "layer"]
+    assert (layer_row["impl_id"], layer_row["fallbacks"]) == ("reference.wna16_linear", [])
+
+
+@pytest.mark.usefixtures("acme")
+def test_strict_mode_turns_either_decline_into_an_error_naming_the_vendor(tmp_path: Path) -> None:
+    routing = acme_routing(tmp_path / "dispatch.jsonl", strict="1")
+    layer = loaded("gate_up", W4_PREFIX)
+    with pytest.raises(StrictModeError, match=r"vendor\.acmequant"):
+        routing.bind(layer, layer.quant_method.served, "CompressedTensorsLinearMethod")
+    layer = loaded("gate_up", INT8_PREFIX)
+    bound = routing.bind(layer, layer.quant_method.served, "CompressedTensorsLinearMethod")
+    bound.fn(bound.obj, randn(1, HIDDEN_SIZE, seed=1), *bound.weights, None)  # accepted: runs
+    with pytest.raises(StrictModeError, match=r"vendor\.acmequant declined a call"):
+        bound.fn(bound.obj, randn(19, HIDDEN_SIZE, seed=2), *bound.weights, None)

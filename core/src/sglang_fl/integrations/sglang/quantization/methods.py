@@ -71,6 +71,9 @@ class QuantRouting:
         weights = served.weights(layer)
         try:
             resolution = self.runtime.resolve(op)
+            # Under strict mode the chain is the chosen implementation alone (its decline at
+            # preparation is an error); the fallbacks it cut off are passed on unprepared and
+            # never called, so that the binder turns a declined call into StrictModeError.
             prepared = prepare_chain(op, resolution.chain, obj, weights, strict=resolution.strict)
         except NoImplementationError as exc:
             raise QuantizationNotServed(
@@ -78,8 +81,9 @@ class QuantRouting:
                 "kernel for it"
             ) from exc
         self._report_declines(prepared)
+        cut = resolution.decision.fallbacks if resolution.strict else ()
         chain = FallbackChain(
-            op, prepared.chain, strict=resolution.strict, on_decline=self._declined
+            op, (*prepared.chain, *cut), strict=resolution.strict, on_decline=self._declined
         )
         fn = self.verifier.wrap(chain.fn, chain.impls[0], label, chain=chain)
         self._report_layer(label, op, served, sglang_method, prepared)
