@@ -64,10 +64,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     write = terminalreporter.write_line
     terminalreporter.section("SGLang engine starts")
-    shared = [name for name in ENGINE_STARTS if not name.startswith(("engine_run", "launch_"))]
-    write(f"{len(ENGINE_STARTS)} engine starts ({len(shared)} shared configurations)")
-    for name in ENGINE_STARTS:
-        write(f"  {name}")
+    pooled = [s for s in ENGINE_STARTS if not s.what.startswith("launch_server")]
+    ready = [s.seconds for s in ENGINE_STARTS if s.seconds is not None]
+    write(
+        f"{len(ENGINE_STARTS)} engine starts ({len(pooled)} shared configurations), "
+        f"{sum(ready):.0f} s to ready in all"
+    )
+    for start in ENGINE_STARTS:
+        took = "did not start" if start.seconds is None else f"{start.seconds:.0f} s to ready"
+        write(f"  {start.what}: {took}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

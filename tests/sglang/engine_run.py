@@ -3,9 +3,9 @@
 ``python engine_run.py MODEL_DIR MAX_NEW_TOKENS PROMPT... [--dtype bfloat16] [--chat]`` prints
 one JSON line ``{"pid": ..., "output_ids": [[...], ...], "texts": [...]}`` last. With
 ``--chat`` each prompt is a user question sent through the model's chat template (as token
-ids, which the result repeats as ``input_ids``). The tests and the demo run it as a subprocess
-so that each engine gets its own environment (``SGLANG_*`` and ``SGLANG_FL_*`` variables) and
-its own spawned scheduler and detokenizer processes.
+ids, which the result repeats as ``input_ids``): one engine by hand, in an environment of its
+own. :func:`start_engine` (the CPU engine settings) is shared by the tests' engine worker
+(``engine_worker.py``), the demo and the benchmarks.
 """
 
 from __future__ import annotations

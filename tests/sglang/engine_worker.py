@@ -8,6 +8,7 @@ descriptor ``REPLY_FD`` (SGLang's own logging keeps stdout and stderr). Requests
 - ``{"op": "generate", "kwargs": {...}}``: ``engine.generate(**kwargs)``, the reply's
   ``result`` always a list of outputs (``text``, ``output_ids``, ``meta_info``);
 - ``{"op": "tokenize", "text": ...}``: the prompt's token ids, as the engine's tokenizer makes them;
+- ``{"op": "flush_cache"}``: ``engine.flush_cache()`` (the radix cache emptied), its result;
 - ``{"op": "shutdown"}``: ``engine.shutdown()``, then exit 0.
 
 The first reply is ``{"ready": true, "pid": ...}`` once the engine serves, or ``{"error": ...}``
@@ -38,7 +39,9 @@ def _serve(engine: Any, request: dict[str, Any]) -> Any:
     if op == "tokenize":
         ids: list[int] = engine.tokenizer_manager.tokenizer(request["text"])["input_ids"]
         return ids
-    raise ValueError(f"unknown request {op!r}; known: generate, tokenize, shutdown")
+    if op == "flush_cache":
+        return repr(engine.flush_cache())
+    raise ValueError(f"unknown request {op!r}; known: generate, tokenize, flush_cache, shutdown")
 
 
 def main(argv: list[str]) -> int:

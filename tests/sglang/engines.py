@@ -164,6 +164,25 @@ def _default_models() -> None:
     _MODELS.setdefault("smollm2", lambda cache: prepare())
 
 
+def _default_sites() -> None:
+    from backend_vendor import backend_vendor_site
+    from collective_vendor import collective_vendor_site
+    from decline_vendor import decline_vendor_site, gdn_decline_vendor_site
+    from probe_vendor import probe_vendor_site
+    from skewed_vendor import skewed_vendor_site
+
+    defaults = {
+        "probe": probe_vendor_site,
+        "wholebackend": backend_vendor_site,
+        "cvendor": collective_vendor_site,
+        "decline": decline_vendor_site,
+        "gdndecline": gdn_decline_vendor_site,
+        "skewed": skewed_vendor_site,
+    }
+    for name, build in defaults.items():
+        _SITES.setdefault(name, build)
+
+
 _built_models: dict[str, Path] = {}
 
 
@@ -220,6 +239,10 @@ class Engine:
         """``text``'s token ids, by the engine's own tokenizer."""
         ids: list[int] = self._request({"op": "tokenize", "text": text})
         return ids
+
+    def flush_cache(self) -> None:
+        """Empty the engine's radix cache: the next request reuses nothing an earlier test left."""
+        self._request({"op": "flush_cache"})
 
     def log_mark(self) -> int:
         """How many dispatch records exist now: pass it to :meth:`records` as ``since``."""
@@ -306,7 +329,7 @@ class EnginePool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.current: Engine | None = None
-        self.starts: list[tuple[str, float]] = []  # (spec id, seconds to ready)
+        self._started = 0  # engines started so far: each gets a workdir of its own
         self._failed: dict[EngineSpec, str] = {}
         self._sites: dict[str, Path] = {}
         self._seen: set[EngineSpec] = set()
@@ -336,6 +359,8 @@ class EnginePool:
             self.current = None
 
     def site(self, name: str) -> Path:
+        """The site directory of vendor distribution ``name``, installed once per session."""
+        _default_sites()
         if name not in self._sites:
             try:
                 build = _SITES[name]
@@ -356,7 +381,8 @@ class EnginePool:
         return env
 
     def _start(self, spec: EngineSpec) -> Engine:
-        workdir = self.root / f"engine-{len(self.starts):02d}"
+        workdir = self.root / f"engine-{self._started:02d}"
+        self._started += 1
         workdir.mkdir(parents=True)
         env = self.environment(spec, workdir)
         config = {
@@ -366,8 +392,7 @@ class EnginePool:
         }
         output = workdir / "engine.log"
         read_end, write_end = os.pipe()
-        began = time.monotonic()
-        count_engine_start(spec.id)
+        start = count_engine_start(spec.id)
         with output.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -393,7 +418,7 @@ class EnginePool:
             engine.kill()
             raise AssertionError(f"engine {spec.id} did not start:\n{first['error']}")
         engine.pid = int(first["pid"])
-        self.starts.append((spec.id, time.monotonic() - began))
+        start.ready()
         return engine
 
 

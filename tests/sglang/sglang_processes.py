@@ -17,8 +17,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from installed_dists import install_project
 
 HERE = Path(__file__).parent
 # Start-up of an engine or server on 2 busy cores, the model loaded included.
@@ -27,25 +30,40 @@ ENGINE_TIMEOUT_S = 600
 # machine reuses them (each builder stamps what it built and rebuilds on a mismatch).
 TEST_CACHE_ENV = "SGLANG_FL_TEST_CACHE"
 
-# Every SGLang engine or server this pytest process started (a name per start), for the
-# session's summary: engine starts are the end-to-end suite's main cost.
-ENGINE_STARTS: list[str] = []
+
+@dataclass
+class EngineStart:
+    """One SGLang engine or server this pytest process started, for the session's summary."""
+
+    what: str
+    began: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # to ready; None if it never became ready
+
+    def ready(self) -> None:
+        self.seconds = time.monotonic() - self.began
 
 
-def count_engine_start(what: str) -> None:
-    """Record one engine start (an ``sglang.Engine``, a server, a rank set) for the summary."""
-    ENGINE_STARTS.append(what)
+# Every start, in order: engine starts are the end-to-end suite's main cost.
+ENGINE_STARTS: list[EngineStart] = []
+
+
+def count_engine_start(what: str) -> EngineStart:
+    """Record one engine start (an ``sglang.Engine``, a server); call ``.ready()`` on it once the
+    engine serves, so the summary gives its start-up time."""
+    start = EngineStart(what)
+    ENGINE_STARTS.append(start)
+    return start
 
 
 def persistent_cache(*parts: str) -> Path:
     """A directory under the tests' persistent cache: ``$SGLANG_FL_TEST_CACHE``, else
-    ``$XDG_CACHE_HOME/sglang-fl-tests`` (``~/.cache/sglang-fl-tests``)."""
+    ``$XDG_CACHE_HOME/sglang-fl/tests`` (``~/.cache/sglang-fl/tests``)."""
     configured = os.environ.get(TEST_CACHE_ENV, "").strip()
     if configured:
         root = Path(configured).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl-tests"
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl" / "tests"
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -80,47 +98,11 @@ def scheduler_layers(rows: list[dict[str, Any]], main_pid: int) -> dict[str, dic
     return {r["layer"]: r for r in rows if r["event"] == "layer" and r["pid"] in schedulers}
 
 
-def run_engine(
-    model: Path, max_new_tokens: int, prompts: list[str], env: dict[str, str], *options: str
-) -> dict[str, Any]:
-    """Generate greedily with ``engine_run.py`` in a subprocess; returns its JSON result.
-
-    ``env`` is the engine's whole environment (see :func:`clean_env`), ``options`` go to
-    ``engine_run.py`` (``--dtype``, ``--chat``).
-    """
-    command = [sys.executable, str(HERE / "engine_run.py"), str(model), str(max_new_tokens)]
-    count_engine_start(f"engine_run.py {model.name}")
-    proc = subprocess.run(
-        [*command, *prompts, *options],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"engine failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def install_wheel_from_source(source: Path, root: Path) -> Path:
-    """Build ``source`` (a project with a pyproject.toml) into a real wheel and pip-install it
-    into a directory of its own, returned: put it on ``PYTHONPATH`` beside SGLang."""
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    return site
+def install_source(source: Path, root: Path) -> Path:
+    """Install the project in ``source`` (a ``pyproject.toml`` beside its packages) as an
+    installed distribution in a directory of its own under ``root``, returned: put it on
+    ``PYTHONPATH`` beside SGLang (``tests/support/installed_dists.py``)."""
+    return install_project(source, root / "site")
 
 
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
@@ -185,7 +167,7 @@ def launch_server(
         "--port", str(port),
         "--log-level", "warning",
     ]  # fmt: skip
-    count_engine_start(f"launch_server {model.name}")
+    start = count_engine_start(f"launch_server {model.name}")
     with output.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -194,6 +176,7 @@ def launch_server(
         try:
             try:
                 wait_healthy(f"{server.base_url}/health", proc, deadline_s=ENGINE_TIMEOUT_S)
+                start.ready()
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{server.tail()}") from None
             yield server

@@ -20,11 +20,17 @@ import base64
 import hashlib
 import os
 import re
+import sys
 import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["ENTRY_POINT_GROUP", "install_dist", "pythonpath_with"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["ENTRY_POINT_GROUP", "install_dist", "install_project", "pythonpath_with"]
 
 ENTRY_POINT_GROUP = "sglang_fl.backends"
 INSTALLER = "sglang-fl-tests"
@@ -92,3 +98,57 @@ def pythonpath_with(*sites: Path, env: Mapping[str, str] | None = None) -> str:
     """``PYTHONPATH`` with ``sites`` first, then what ``env`` (default: this process) had."""
     inherited = (os.environ if env is None else env).get("PYTHONPATH", "")
     return os.pathsep.join([*(str(site) for site in sites), *filter(None, [inherited])])
+
+
+def install_project(project: Path, site: Path) -> Path:
+    """Install a project (``pyproject.toml`` with a PEP 621 ``[project]`` table) into ``site``
+    as its wheel would install: its packages, metadata and entry points; returns ``site``.
+
+    The packages are the top-level packages (directories with an ``__init__.py``) and modules
+    of ``project/src``, or of ``project`` itself when it has no ``src``. What a setuptools build
+    adds beyond that (package data outside the packages, generated files) is not reproduced, so
+    only projects without such things are installed this way.
+    """
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    meta = pyproject["project"]
+    sources = project / "src" if (project / "src").is_dir() else project
+    version = meta.get("version") or _attr_version(pyproject, sources)
+    tops = [p for p in sources.iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"]
+    if not tops:
+        raise ValueError(f"{project}: no package or module to install in {sources}")
+    files = {
+        path.relative_to(sources).as_posix(): path.read_text()
+        for top in tops
+        for path in sorted([top, *top.rglob("*")] if top.is_dir() else [top])
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    return install_dist(
+        site,
+        meta["name"],
+        version,
+        files=files,
+        entry_points=meta.get("entry-points"),
+        requires=meta.get("dependencies", ()),
+        dedent=False,
+    )
+
+
+_VERSION = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.MULTILINE)
+
+
+def _attr_version(pyproject: Mapping[str, object], sources: Path) -> str:
+    """A ``dynamic`` version read from ``tool.setuptools.dynamic.version.attr``
+    (``package.__version__``), as setuptools does for a literal assignment."""
+    try:
+        attr = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]  # type: ignore
+    except (KeyError, TypeError):
+        raise ValueError(
+            "a project without a version needs tool.setuptools.dynamic.version"
+        ) from None
+    module, _, name = str(attr).rpartition(".")
+    if name != "__version__":
+        raise ValueError(f"only package.__version__ attributes are read, not {attr!r}")
+    found = _VERSION.search((sources / module.replace(".", "/") / "__init__.py").read_text())
+    if found is None:
+        raise ValueError(f"{module}/__init__.py assigns no literal __version__")
+    return found.group(1)

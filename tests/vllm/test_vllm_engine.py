@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from probe_vendor import probe_vendor_site
+from sglang_processes import persistent_cache
 from tiny_models import build_tiny_model, hf_greedy
 
 from sglang_fl.dispatch_report import read_log
@@ -35,9 +36,9 @@ ENGINE_TIMEOUT_S = 420
 
 
 @pytest.fixture(scope="module")
-def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 with 4 heads of 64 (hidden 256), built offline once for this module."""
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "qwen2", "qwen2", hidden_size=256)
+def qwen2() -> Path:
+    """A tiny Qwen2 with 4 heads of 64 (hidden 256), built offline once (the tests' cache)."""
+    return build_tiny_model(persistent_cache("models") / "qwen2-256", "qwen2", hidden_size=256)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_engine_generates_what_transformers_generates(
 
 @pytest.fixture(scope="module")
 def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probe vendor (the SGLang tests' own) built as a wheel and pip-installed beside us."""
+    """The probe vendor (the SGLang tests' own), installed into a directory of its own."""
     root = tmp_path_factory.mktemp("probe-vendor")
     return probe_vendor_site(root)
 
