@@ -14,6 +14,7 @@ import torch
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
+from sglang_fl_cuda.impl.quantization import ADAPTERS as QUANTIZED
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -56,6 +57,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "fused_moe",
         "decode_attention",
         "extend_attention",
+        *QUANTIZED,
         *SERVED,  # the NCCL collectives: probed apart, no GPU either
         *LINEAR_ATTENTION,
     } == VENDOR_OPS

@@ -12,9 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sgl_kernel_quant_double import SglangTritonQuantMoeDouble, SglKernelQuantDouble
+from sgl_kernel_quant_double import SglKernelQuantDouble
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.backend import SGL_KERNEL
 from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 from sglang_fl_cuda.impl.quantization import (
     ADAPTERS,
@@ -27,7 +26,6 @@ from sglang_fl import Unsupported
 from sglang_fl.ops import OpCase
 from sglang_fl.ops.quantization.numerics import ActQuant
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
-from sglang_fl.testing.doubles import install_double
 from sglang_fl.testing.vendor import VendorSuite
 
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
@@ -37,11 +35,12 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 @pytest.fixture
-def gemms(monkeypatch: pytest.MonkeyPatch) -> SglKernelQuantDouble:
-    """The quantized-GEMM double as ``sgl_kernel`` on an emulated sm90 (Hopper) GPU."""
+def gemms(
+    sgl_kernel: SglKernelQuantDouble, monkeypatch: pytest.MonkeyPatch
+) -> SglKernelQuantDouble:
+    """The ``sgl_kernel`` double on an emulated sm90 (Hopper) GPU."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, SglangTritonQuantMoeDouble())
-    return install_double(monkeypatch, SglKernelQuantDouble(), SGL_KERNEL)
+    return sgl_kernel
 
 
 def declined(op: str, params: dict[str, object], dtype: torch.dtype) -> bool:
