@@ -1,6 +1,7 @@
 """Quantized checkpoints served by SGLang on the CPU through sglang-fl: transformers' tokens.
 
-Four engines, one per checkpoint format, each a tiny model made offline (``quant_models.py``):
+Four engines (``configurations.py``), one per checkpoint format, each a tiny model made
+offline (``quant_models.py``):
 
 - ``quant-dense``: a Llama whose compressed-tensors config groups give its layers every linear
   scheme (FP8 128x128 block attention, W8A8 int8 and FP8-per-channel MLP in the first layer,
@@ -27,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import Engine, EngineSpec, model_path, register_model, register_site
+from configurations import QUANT_AWQ, QUANT_CHUNK, QUANT_DENSE, QUANT_FP8, QUANT_MOE
+from engines import Engine, model_path, register_model, register_site
 from quant_models import build_quant_model
 from quant_oracle import quant_greedy
 from quant_vendor import (
     IMPL_ID,
     PREPARE_REASON,
-    SERVED_LOG_ENV,
     TILE_REASON,
     TILE_TOKENS,
     quant_vendor_site,
@@ -58,17 +59,11 @@ for _name, (_scheme, _arch) in MODELS.items():
     register_model(_name, _builder(_scheme, _arch))
 register_site("quantprobe", quant_vendor_site)
 
-CHUNK = 32
 SPECS = {
-    "quant-dense": EngineSpec.of(
-        "quant-dense",
-        sites=("quantprobe",),
-        env={SERVED_LOG_ENV: "{workdir}/quantprobe.log"},
-        chunked_prefill_size=CHUNK,
-    ),
-    "quant-moe": EngineSpec.of("quant-moe", chunked_prefill_size=CHUNK),
-    "quant-fp8": EngineSpec.of("quant-fp8", chunked_prefill_size=CHUNK),
-    "quant-awq": EngineSpec.of("quant-awq", chunked_prefill_size=CHUNK),
+    "quant-dense": QUANT_DENSE,
+    "quant-moe": QUANT_MOE,
+    "quant-fp8": QUANT_FP8,
+    "quant-awq": QUANT_AWQ,
 }
 ENGINES = pytest.mark.parametrize("engine", list(SPECS.values()), indirect=True, ids=list(SPECS))
 
@@ -111,12 +106,12 @@ def test_short_prompts_give_the_formats_tokens(engine: Engine) -> None:
 @ENGINES
 def test_a_prompt_over_several_chunks_then_a_radix_hit(engine: Engine) -> None:
     model = engine.spec.model
-    assert len(engine.tokenize(LONG)) > 3 * CHUNK
+    assert len(engine.tokenize(LONG)) > 3 * QUANT_CHUNK
     first = engine.generate([LONG], max_new_tokens=MAX_NEW_TOKENS)
     second = engine.generate([SHARED], max_new_tokens=MAX_NEW_TOKENS)
     assert ids(first) == oracle(model, [LONG])
     assert ids(second) == oracle(model, [SHARED])
-    assert second[0]["meta_info"]["cached_tokens"] >= CHUNK, second[0]["meta_info"]
+    assert second[0]["meta_info"]["cached_tokens"] >= QUANT_CHUNK, second[0]["meta_info"]
 
 
 def quantized_layers(engine: Engine) -> dict[str, dict[str, Any]]:
@@ -151,7 +146,7 @@ def expected_impl(engine: Engine, name: str, op: str) -> str:
     return f"reference.{op}"
 
 
-@pytest.mark.engine(SPECS["quant-dense"])
+@pytest.mark.engine(QUANT_DENSE)
 def test_a_vendor_kernel_serves_with_its_own_layout_and_declines_are_reported(
     engine: Engine,
 ) -> None:
