@@ -3,11 +3,12 @@
 Usually run by ``nox -s bench``, which builds both environments it needs: this interpreter's
 (SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
 start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
-``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``, ``linear_attention``;
-repeatable) runs some parts only: the per-call and start-up parts write ``latest.*``, the
-end-to-end part ``e2e.*``, the others ``<part>.*`` (the attention part: the real model with
-``--attention-backend sglang_fl`` vs ``torch_native``, plus ``attention.py``'s bookkeeping;
-``collectives.py`` and ``linear_attention.py`` run as subprocesses, their output kept); with
+``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``,
+``linear_attention``, ``quantization``; repeatable) runs some parts only: the per-call and
+start-up parts write ``latest.*``, the end-to-end part ``e2e.*``, the others ``<part>.*``
+(the attention part: the real model with ``--attention-backend sglang_fl`` vs
+``torch_native``, plus ``attention.py``'s bookkeeping; ``collectives.py``,
+``linear_attention.py`` and ``quantization.py`` run as subprocesses, their output kept); with
 ``--update-docs`` each also rewrites its marked section of the documentation's page,
 ``docs/benchmarks.md`` (the plot is copied next to it, to ``docs/assets/``, since the site
 holds only what lies under ``docs/``).
@@ -33,12 +34,13 @@ import startup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention")
+PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention", "quantization")
 # Parts that are a script of their own, run as a subprocess (their internals are theirs):
 # part -> (script, its arguments, its --quick arguments).
 SCRIPT_PARTS = {
     "collectives": ("collectives.py", ["--reps", "30"], ["--reps", "10"]),
     "linear_attention": ("linear_attention.py", [], ["--quick"]),
+    "quantization": ("quantization.py", [], ["--quick"]),
 }
 SCRIPT_TIMEOUT_S = 3600
 DOC_ATTENTION = ("<!-- bench-attention:start -->", "<!-- bench-attention:end -->")

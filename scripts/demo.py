@@ -9,6 +9,12 @@ model's chat template, and prints which implementation ran each SGLang layer cla
 attention op) in each SGLang process, and which attention backend served. Run by
 ``bash scripts/demo.sh`` (nox session ``demo``), which provides an environment with SGLang and
 the sglang-fl wheel.
+
+``--quant`` serves the model quantized instead: W8A8 int8 (compressed-tensors' ``W8A8`` preset:
+int8 weights per channel, int8 activations per token), made offline from the float checkpoint
+by compressed-tensors (``tests/sglang/quant_models.py``) once; every linear layer then runs
+sglang-fl's ``w8a8_int8_linear``, and the answers must be transformers' own greedy tokens on the
+same quantized checkpoint (exit 1 otherwise).
 """
 
 from __future__ import annotations
@@ -93,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         "~/.cache/sglang-fl/models)"
     )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
+    parser.add_argument(
+        "--quant",
+        action="store_true",
+        help="serve the model quantized to W8A8 int8 (compressed-tensors) and check that the "
+        "answers are transformers' tokens",
+    )
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
@@ -112,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print("== preparing SmolLM2-135M-Instruct (fetched and converted once, then reused)")
     model = prepare(args.cache)
+    if args.quant:
+        from quant_models import quantized_copy
+
+        with ticking("quantizing it to W8A8 int8 with compressed-tensors (once)"):
+            model = quantized_copy(model, "w8a8")
+        print(f"   quantized checkpoint: {model}")
     input_ids = chat_input_ids(model, questions)
     print(f"== starting SGLang on the CPU through sglang-fl ({args.dtype})", flush=True)
     with ticking("loading the model into SGLang's engine"):
@@ -145,13 +163,41 @@ def main(argv: list[str] | None = None) -> int:
         for r in records
         if r["event"] == "layer" and r["runner"] == "sglang-fl" and r["role"] == "scheduler"
     }
-    missing = set(ROUTED_OPS) - routed
+    wanted = set(ROUTED_OPS)
+    if args.quant:
+        wanted.add("w8a8_int8_linear")
+    missing = wanted - routed
     if missing:
         print(f"\nnot routed through sglang-fl: {', '.join(sorted(missing))}")
         return 1
+    if args.quant:
+        return _check_quantized(model, input_ids, outputs, args.max_new_tokens)
     print(
         "\nSGLang answered on the CPU with every standard op, attention included, running "
         "through sglang-fl."
+    )
+    return 0
+
+
+def _check_quantized(
+    model: Path, input_ids: list[list[int]], outputs: list[dict[str, Any]], max_new_tokens: int
+) -> int:
+    """The quantized answers against transformers' greedy tokens on the same checkpoint."""
+    from real_model import end_of_turn_ids, hf_greedy_chat, until_end_of_turn
+
+    with ticking("transformers' greedy answers on the same W8A8 checkpoint"):
+        expected = hf_greedy_chat(model, input_ids, max_new_tokens)
+    stops = end_of_turn_ids(model)
+    got = [until_end_of_turn(out["output_ids"], stops) for out in outputs]
+    want = [until_end_of_turn(ids, stops) for ids in expected]
+    if got != want:
+        print("\nthe W8A8 answers differ from transformers' on the same checkpoint:")
+        for index, (ours, theirs) in enumerate(zip(got, want, strict=True)):
+            print(f"   question {index}: sglang-fl {ours}\n               transformers {theirs}")
+        return 1
+    print(
+        "\nSGLang answered on the CPU from the W8A8 int8 checkpoint, every quantized linear on "
+        "sglang-fl's w8a8_int8_linear, with transformers' own greedy tokens."
     )
     return 0
 

@@ -53,6 +53,12 @@ def test_standard_ops_are_the_design_set():
         "send",
         "recv",
         "all_to_all_single",
+        "w8a8_int8_linear",
+        "w8a8_fp8_linear",
+        "w8a8_block_fp8_linear",
+        "wna16_linear",
+        "fused_moe_w8a8_int8",
+        "fused_moe_w8a8_fp8",
     ]
 
 

@@ -28,6 +28,7 @@ EXPECTED_FILES = [
     "src/sglang_fl_acme_npu/impl/linear_attention.py",
     "src/sglang_fl_acme_npu/impl/moe.py",
     "src/sglang_fl_acme_npu/impl/normalization.py",
+    "src/sglang_fl_acme_npu/impl/quantization.py",
     "src/sglang_fl_acme_npu/impl/rotary.py",
     "src/sglang_fl_acme_npu/plugin.py",
     "src/sglang_fl_acme_npu/py.typed",

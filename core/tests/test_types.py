@@ -27,6 +27,7 @@ DEFINED_IN = {
     "DtypeSet": sglang_fl.collective_library,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
+    "PreparedKernel": sglang_fl.dispatch.types,
     "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
     "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,

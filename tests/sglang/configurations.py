@@ -18,12 +18,14 @@ Fast tier (``nox -s sglang``), the tiny Llama:
   factory calls ``sys.exit`` (a fallback: the whole backend is built next).
 - :data:`LLAMA_SKEWED`: verify mode with a vendor whose ``rms_norm`` is subtly wrong.
 
-Matrix tier (``nox -s sglang_matrix``): the other architectures, several ranks, the real model.
+Matrix tier (``nox -s sglang_matrix``): the other architectures, several ranks, the real model,
+the quantized checkpoints (one engine per checkpoint format, ``test_quantization_engine.py``).
 """
 
 from __future__ import annotations
 
 from engines import EngineSpec
+from quant_vendor import SERVED_LOG_ENV
 
 # Tokens per prefill chunk in the attention scenarios: their long prompt spans several.
 CHUNK = 16
@@ -123,3 +125,22 @@ SMOLLM2_BF16_SGLANG = EngineSpec.of(
     dtype="bfloat16",
     env={"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"},
 )
+
+# Quantized checkpoints (models registered by test_quantization_engine.py), one per format;
+# 32-token prefill chunks, so the long prompt spans several.
+QUANT_CHUNK = 32
+# compressed-tensors Llama mixing every linear scheme, with the quantprobe vendor: its prepared
+# int8 kernel serves decode steps and declines prefills, its W4A16 kernel declines wide layers.
+QUANT_DENSE = EngineSpec.of(
+    "quant-dense",
+    label="quant-dense+quantprobe",
+    chunked_prefill_size=QUANT_CHUNK,
+    sites=("quantprobe",),
+    env={SERVED_LOG_ENV: "{workdir}/quantprobe.log"},
+)
+# compressed-tensors Qwen3-MoE: W8A8 int8 attention, FP8-block and W8A8 int8 experts.
+QUANT_MOE = EngineSpec.of("quant-moe", label="quant-moe", chunked_prefill_size=QUANT_CHUNK)
+# The Qwen3-MoE in DeepSeek's `fp8` block format, linear layers and experts.
+QUANT_FP8 = EngineSpec.of("quant-fp8", label="quant-fp8", chunked_prefill_size=QUANT_CHUNK)
+# The Llama in AutoAWQ's 4-bit format.
+QUANT_AWQ = EngineSpec.of("quant-awq", label="quant-awq", chunked_prefill_size=QUANT_CHUNK)

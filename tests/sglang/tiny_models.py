@@ -12,8 +12,9 @@ import argparse
 import json
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ARCHITECTURES = (
     "llama",
@@ -237,18 +238,26 @@ def build_tiny_model(
 
 
 def hf_greedy(
-    model_dir: str | Path, prompts: list[str], max_new_tokens: int, *, stop_at_eos: bool = False
+    model_dir: str | Path,
+    prompts: list[str],
+    max_new_tokens: int,
+    *,
+    stop_at_eos: bool = False,
+    prepare: Callable[[Any], None] | None = None,
 ) -> list[list[int]]:
     """Greedy continuation token ids from ``transformers``: the ground truth for SGLang.
 
     By default exactly ``max_new_tokens`` (EOS suppressed); with ``stop_at_eos`` up to and
-    including the first EOS, as SGLang stops.
+    including the first EOS, as SGLang stops. ``prepare`` is called on the loaded model before
+    it generates (an oracle's quantize-dequantize hooks).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if prepare is not None:
+        prepare(model)
     results = []
     with torch.no_grad():
         for prompt in prompts:

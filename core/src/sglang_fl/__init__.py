@@ -29,6 +29,7 @@ from .types import (
     BackendPriority,
     ChipSdk,
     OpImpl,
+    PreparedKernel,
     Provenance,
 )
 from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ...: on first use
@@ -56,6 +57,7 @@ __all__ = [
     "OpImpl",
     "OpRegistry",
     "PluginLoadError",
+    "PreparedKernel",
     "ProcessGroupLibrary",
     "Provenance",
     "RegistrationError",

@@ -11,6 +11,11 @@ Registering kernels
         the function (the op's standard signature, see :mod:`sglang_fl.ops`), the ``vendor``,
         a ``priority`` and an optional availability probe. Frozen; the loader stamps its
         :class:`Provenance`.
+    :class:`PreparedKernel`
+        A kernel adapter with its weight-preparation step, for the quantized ops (those whose
+        contract lists ``weights``): ``prepare(obj, *weights)`` runs once per layer at load and
+        returns the layout the adapter wants; each call then receives it in the weights'
+        places (``OpImpl.prepare``). Give it as a value of ``Backend.implementations``.
     :class:`BackendImplKind`
         The family of an implementation (``flagos``, ``vendor``, ``reference``). The default
         selection order ranks whole families, in this order; users reorder them by these names.
@@ -85,7 +90,14 @@ from typing import TYPE_CHECKING, Any
 
 from .dispatch.backends import Backend
 from .dispatch.probes import ChipSdk
-from .dispatch.types import Availability, BackendImplKind, BackendPriority, OpImpl, Provenance
+from .dispatch.types import (
+    Availability,
+    BackendImplKind,
+    BackendPriority,
+    OpImpl,
+    PreparedKernel,
+    Provenance,
+)
 from .errors import Unsupported
 from .hookspecs import hookimpl
 
@@ -105,6 +117,7 @@ __all__ = [
     "DtypeSet",
     "OpImpl",
     "OpRegistry",
+    "PreparedKernel",
     "ProcessGroupLibrary",
     "Provenance",
     "SglangAttentionBackendOffer",

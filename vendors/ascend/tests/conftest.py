@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 from sgl_kernel_npu_double import SglKernelNpuDouble, install_sgl_kernel_npu
 from sglang_fl_ascend.backend import TORCH_NPU
-from torch_npu_double import TorchNpuDouble
+from torch_npu_quant_double import TorchNpuQuantDouble
 
 from sglang_fl.testing.doubles import install_double
 
 
 @pytest.fixture
-def torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuDouble:
-    """A fresh double as ``torch_npu``, both in ``sys.modules`` and as the adapters' module."""
-    return install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
+def torch_npu(monkeypatch: pytest.MonkeyPatch) -> TorchNpuQuantDouble:
+    """A fresh double as ``torch_npu`` (its quantization operators included), both in
+    ``sys.modules`` and as the adapters' module."""
+    return install_double(monkeypatch, TorchNpuQuantDouble(), TORCH_NPU)
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from sglang_fl_ascend.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_ascend.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_ascend.impl.moe import fused_moe, topk
 from sglang_fl_ascend.impl.normalization import gemma_rms_norm, layer_norm, rms_norm
+from sglang_fl_ascend.impl.quantization import ADAPTERS as QUANTIZATION
+from sglang_fl_ascend.impl.quantization import NO_KERNEL as QUANTIZATION_NO_KERNEL
 from sglang_fl_ascend.impl.rotary import mrotary_embedding, rotary_embedding
 from torch_npu_double import TorchNpuDouble
 
@@ -41,10 +43,13 @@ REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
 # block-size and option rules, pinned there); the GDN adapters call sgl_kernel_npu, not
 # torch_npu: test_linear_attention.py.
 ATTENTION = {"store_kv_cache", "decode_attention", "extend_attention"}
+# The quantized adapters run against the quantization double: test_quantization.py.
 CASES = [
     param
     for param in SUITE.contract_cases()
-    if param.values[0] not in ATTENTION and param.values[0] not in LINEAR_ATTENTION
+    if param.values[0] not in ATTENTION
+    and param.values[0] not in LINEAR_ATTENTION
+    and param.values[0] not in QUANTIZATION
 ]
 # torch_npu has no operator of its own for these: SGLang's forward_npu has no NPU path
 # (ClampPositionOp, Qwen2-MoE's gate function); the reference runs on torch_npu's aten ops.
@@ -53,6 +58,8 @@ WITHOUT_OPERATOR = {"clamp_position", "fused_gate_sigmoid_mul"}
 WITHOUT_OPERATOR |= set(LINEAR_ATTENTION_NO_KERNEL)
 # SGLang's quantised all-reduce is a torch_npu kernel plus HCCL: its own path stays.
 WITHOUT_OPERATOR |= set(COLLECTIVES_LEFT_TO_SGLANG)
+# No float8 operator on Atlas A2/A3; the quantized experts are not wired yet.
+WITHOUT_OPERATOR |= set(QUANTIZATION_NO_KERNEL)
 
 # Operator calls per case: one; fused_moe chains five (routing, gate/up matmul, swiglu, down
 # matmul, finalize).
@@ -107,6 +114,7 @@ def test_registers_every_standard_op_as_the_adapter_itself() -> None:
         "extend_attention": extend_attention,
         **COLLECTIVES,  # HCCL through torch_npu's process group (test_collectives.py)
         **LINEAR_ATTENTION,
+        **{op: kernel.fn for op, kernel in QUANTIZATION.items()},
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_OPERATOR
     for impl in IMPLS.values():

@@ -57,6 +57,8 @@ def test_every_op_resolves_to_reference_and_says_why_ascend_is_not_used() -> Non
         "store_kv_cache",
         "decode_attention",
         "extend_attention",
+        "w8a8_int8_linear",
+        "wna16_linear",
         *COLLECTIVES,  # HCCL comes with torch_npu: the same probe (not quant_all_reduce)
         *LINEAR_ATTENTION,
     } == VENDOR_OPS

@@ -9,7 +9,8 @@ import pytest
 import torch
 from causal_conv_double import SglKernelMambaDouble
 from flash_attn_double import FlashAttnDouble
-from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
+from sgl_kernel_double import SglangTritonMoeDouble
+from sgl_kernel_quant_double import SglangTritonQuantMoeDouble, SglKernelQuantDouble
 from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL, SGL_KERNEL_MAMBA, SGLANG_TRITON
 from sglang_fl_cuda.impl.moe import SGLANG_FUSED_MOE
 from sglang_triton_double import SglangTritonGdnDouble
@@ -18,15 +19,17 @@ from sglang_fl.testing.doubles import install_double
 
 
 @pytest.fixture
-def sgl_kernel(monkeypatch: pytest.MonkeyPatch) -> SglKernelDouble:
-    """A fresh double as ``sgl_kernel``, both in ``sys.modules`` and as the adapters' module."""
-    # SGLang's Triton fused experts, which the fused_moe adapter imports on its first call.
-    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, SglangTritonMoeDouble())
-    return install_double(monkeypatch, SglKernelDouble(), SGL_KERNEL)
+def sgl_kernel(monkeypatch: pytest.MonkeyPatch) -> SglKernelQuantDouble:
+    """A fresh double as ``sgl_kernel`` (its quantized GEMMs included), both in ``sys.modules``
+    and as the adapters' module."""
+    # SGLang's Triton fused experts (quantized too), which the fused_moe adapters import on
+    # their first call.
+    monkeypatch.setitem(sys.modules, SGLANG_FUSED_MOE, SglangTritonQuantMoeDouble())
+    return install_double(monkeypatch, SglKernelQuantDouble(), SGL_KERNEL)
 
 
 @pytest.fixture
-def sglang_triton_moe(sgl_kernel: SglKernelDouble) -> SglangTritonMoeDouble:
+def sglang_triton_moe(sgl_kernel: SglKernelQuantDouble) -> SglangTritonMoeDouble:
     """The double of SGLang's Triton fused-experts module the fused_moe adapter calls."""
     module = sys.modules[SGLANG_FUSED_MOE]
     assert isinstance(module, SglangTritonMoeDouble)

@@ -26,6 +26,7 @@ from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.moe import fused_moe, topk
 from sglang_fl_cuda.impl.normalization import gemma_rms_norm, rms_norm
+from sglang_fl_cuda.impl.quantization import ADAPTERS as QUANTIZATION
 from sglang_fl_cuda.impl.rotary import rotary_embedding
 
 from sglang_fl import Unsupported
@@ -40,7 +41,8 @@ REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
 # run in test_attention.py against that double; the GDN adapters call SGLang's Triton kernels:
 # test_linear_attention.py; the causal convs sgl_kernel.mamba: test_causal_conv.py.
 ATTENTION = {"decode_attention", "extend_attention"}
-ELSEWHERE = {*ATTENTION, *LINEAR_ATTENTION, *CAUSAL_CONV}
+# The quantized adapters run against the quantized-GEMM double: test_quantization.py.
+ELSEWHERE = {*ATTENTION, *LINEAR_ATTENTION, *CAUSAL_CONV, *QUANTIZATION}
 CASES = [param for param in SUITE.contract_cases() if param.values[0] not in ELSEWHERE]
 
 
@@ -97,6 +99,7 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         **COLLECTIVES,
         **LINEAR_ATTENTION,
         **CAUSAL_CONV,
+        **{op: kernel.fn for op, kernel in QUANTIZATION.items()},
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():

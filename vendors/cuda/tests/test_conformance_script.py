@@ -18,8 +18,10 @@ from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
 from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL, SGL_KERNEL_MAMBA, SGLANG_TRITON
 from sglang_fl_cuda.impl.collectives import SERVED
+from sglang_fl_cuda.impl.quantization import ADAPTERS as QUANTIZED
 from sglang_fl_cuda.plugin import NO_KERNEL
 from sglang_triton_double import SglangTritonGdnDouble
+from test_quantization import declined as quantized_declined
 
 from sglang_fl.dispatch.types import Availability
 from sglang_fl.ops import STANDARD_OPS
@@ -93,9 +95,12 @@ def test_every_case_is_checked_and_measured(
     flash_attn: FlashAttnDouble,
     triton_gdn: SglangTritonGdnDouble,
     sgl_kernel_mamba: SglKernelMambaDouble,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
     sglang_triton_moe.published = False
+    # The quantized GEMMs ask torch for the device's compute capability: an sm90 (Hopper).
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     rows = run_cases(script.TARGET, dtypes=[torch.float16, torch.float32], device="cpu", repeat=0)
     # The NCCL collectives: one row each, skipped (they run on several ranks at once).
     collective = [r for r in rows if STANDARD_OPS[r.op].collective is not None]
@@ -108,6 +113,22 @@ def test_every_case_is_checked_and_measured(
     expected = sum(len(c.cases) for c in registered) * 2
     assert len(rows) == expected  # every registered op, every case run
     declined = [r for r in rows if r.status == "skipped"]
+    # The quantized adapters hand back what test_quantization.declined lists, and the quantized
+    # experts of the absmax rule too: SGLang's Triton experts run only inside an SGLang worker.
+    cases = {(op, c.name): c.params for op in QUANTIZED for c in STANDARD_OPS[op].cases}
+    quantized = [r for r in rows if r.op in QUANTIZED]
+    assert {(r.op, r.case, r.dtype) for r in quantized if r.status == "skipped"} == {
+        (r.op, r.case, r.dtype)
+        for r in quantized
+        if (r.op.startswith("fused_moe") and r.dtype == "float16")
+        or quantized_declined(r.op, dict(cases[r.op, r.case]), getattr(torch, r.dtype))
+    }
+    experts = [r for r in quantized if r.op.startswith("fused_moe") and r.dtype == "float16"]
+    experts = [r for r in experts if "act_quant=absmax" in r.case]
+    assert experts
+    assert all("only inside an SGLang worker" in r.message for r in experts)
+    declined_quantized = [r for r in declined if r.op in QUANTIZED]
+    declined = [r for r in declined if r.op not in QUANTIZED]
     # FlashInfer's norms have no float32 kernel (the fused plain-residual one does); no grouped
     # or biased routing in sgl_kernel 0.4.x; SGLang's Triton fused MoE multiplies float32 in TF32
     # and runs only inside an SGLang worker; act-and-mul half rows must be whole 16-byte vectors;
@@ -136,14 +157,14 @@ def test_every_case_is_checked_and_measured(
     outside = [r for r in declined if r.op == "fused_moe" and r.dtype == "float16"]
     assert all("only inside an SGLang worker" in r.message for r in outside)
     passed = [r for r in rows if r.status == "passed"]
-    assert len(passed) == expected - len(declined)
+    assert len(passed) == expected - len(declined) - len(declined_quantized)
     for row in passed:
         tolerance = STANDARD_OPS[row.op].tolerance(getattr(torch, row.dtype))
         assert row.max_abs <= tolerance.atol + tolerance.rtol * 10, row
         assert row.time_ratio is None  # no timing asked for
     assert "silu_and_mul      float16   passed" in render(rows)
     assert summary(rows, "forward_cuda").startswith(
-        f"{len(passed)} passed, 0 failed, {len(declined)} skipped"
+        f"{len(passed)} passed, 0 failed, {len(declined) + len(declined_quantized)} skipped"
     )
 
 

@@ -15,6 +15,7 @@ from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.causal_conv import ADAPTERS as CAUSAL_CONV
 from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
+from sglang_fl_cuda.impl.quantization import ADAPTERS as QUANTIZED
 from sglang_fl_cuda.plugin import NO_KERNEL
 
 from sglang_fl.ops import STANDARD_OPS
@@ -57,6 +58,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "fused_moe",
         "decode_attention",
         "extend_attention",
+        *QUANTIZED,
         *SERVED,  # the NCCL collectives: probed apart, no GPU either
         *LINEAR_ATTENTION,
         *CAUSAL_CONV,

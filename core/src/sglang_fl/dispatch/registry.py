@@ -370,7 +370,7 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             "sglang_fl.dispatch.types.OpImpl"
         )
     raw_op, raw_id, kind, raw_vendor = impl.op_name, impl.impl_id, impl.kind, impl.vendor
-    priority, fn, declared = impl.priority, impl.fn, impl.available
+    priority, fn, declared, prepare = impl.priority, impl.fn, impl.available, impl.prepare
     op_name, impl_id = plain_str(raw_op), plain_str(raw_id)
     if op_name is None or op_name not in STANDARD_OPS:
         raise RegistrationError(
@@ -419,7 +419,18 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             f"{who} registered {impl_id!r} for op {op_name!r}, but {plugin_text(problem)}; "
             f"expected {contract.signature_text()}"
         )
-    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared)
+    if prepare is not None:
+        if not contract.weights:
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} with a prepare step, but op {op_name!r} has no "
+                "weights to prepare (only ops whose contract lists weights take one)"
+            )
+        if not callable(prepare):
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} with prepare={safe_repr(prepare)}; expected "
+                f"None or prepare(obj, {', '.join(contract.weights)}) -> tuple"
+            )
+    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared, prepare=prepare)
 
 
 def _check_length(who: str, field_name: str, value: str) -> None:

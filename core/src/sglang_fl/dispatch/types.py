@@ -14,6 +14,7 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "OpImpl",
+    "PreparedKernel",
     "Provenance",
 ]
 
@@ -72,6 +73,14 @@ class OpImpl:
     ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor implementation that
     gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
     in by the loader; a backend never sets it.
+
+    ``prepare`` (ops whose contract has ``weights``, the quantized ones): called once per layer
+    when its weights are final, ``prepare(obj, *weights)`` with the weights in the contract's
+    (checkpoint) layout, it returns a tuple of as many values, the layout ``fn`` wants (a
+    transposed view, a repacked tensor, a device format); each call of ``fn`` then receives
+    those in the weights' places. It must not write the weights it is given (a fallback reads
+    them) and may raise :class:`~sglang_fl.Unsupported` for a layer it cannot serve. Without
+    one, ``fn`` receives the checkpoint layout.
     """
 
     op_name: str
@@ -82,6 +91,7 @@ class OpImpl:
     priority: int = None  # type: ignore[assignment]  # set from ``kind`` in __post_init__
     available: Callable[[], object] | bool | None = field(default=None, compare=False)
     provenance: Provenance | None = field(default=None, compare=False)
+    prepare: Callable[..., tuple[Any, ...]] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         given: object = self.priority  # None when the author left it out
@@ -98,3 +108,12 @@ class OpImpl:
 
     def with_provenance(self, provenance: Provenance) -> OpImpl:
         return replace(self, provenance=provenance)
+
+
+@dataclass(frozen=True)
+class PreparedKernel:
+    """A kernel adapter with its weight-preparation step (see :attr:`OpImpl.prepare`), as a
+    value of :meth:`Backend.implementations`' ``{op: adapter}`` mapping."""
+
+    fn: Callable[..., Any]
+    prepare: Callable[..., tuple[Any, ...]]

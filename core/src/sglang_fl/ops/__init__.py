@@ -1,9 +1,10 @@
 """The standard operators: one :class:`OpContract` each, read by registry, kit and docs.
 
 One package per family (``activation``, ``normalization``, ``rotary``, ``moe``, ``attention``,
-``kernel_functions``), one module per op or small group of ops; ``contract`` (the
-:class:`OpContract` type and case helpers) and ``graph_spec`` are shared by all. Families import
-only those two, never each other (the ``ops-families`` import-linter contract).
+``kernel_functions``, ``linear_attention``, ``collectives``, ``quantization``), one module per op
+or small group of ops; ``contract`` (the :class:`OpContract` type and case helpers),
+``graph_spec`` and ``experts`` (the expert loop of the MoE references) are shared by all.
+Families import only those, never each other (the ``ops-families`` import-linter contract).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .moe import FUSED_MOE, TOPK
 from .normalization.gemma_rms_norm import CONTRACT as GEMMA_RMS_NORM
 from .normalization.layer_norm import CONTRACT as LAYER_NORM
 from .normalization.rms_norm import CONTRACT as RMS_NORM
+from .quantization import QUANTIZATION_OPS
 from .rotary.mrotary_embedding import CONTRACT as MROTARY_EMBEDDING
 from .rotary.rotary_embedding import CONTRACT as ROTARY_EMBEDDING
 
@@ -70,6 +72,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
             EXTEND_ATTENTION,
             *LINEAR_ATTENTION_OPS,
             *COLLECTIVES,
+            *QUANTIZATION_OPS,
         )
     }
 )

@@ -155,9 +155,24 @@ class OpContract:
     details: str = ""
     rules: tuple[Rule, ...] = ()
 
+    # The parameters holding a layer's weights (quantized ops): fixed from load on, so an
+    # implementation may prepare its own layout of them once (``OpImpl.prepare``) and then
+    # receives what it prepared in their place; the contract describes the checkpoint layout.
+    weights: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.weights if name not in self.signature.parameters]
+        if unknown:
+            raise ValueError(f"op {self.name!r}: weights {unknown} are not parameters")
+
     @property
     def parameter_names(self) -> tuple[str, ...]:
         return tuple(self.signature.parameters)
+
+    def weight_positions(self) -> tuple[int, ...]:
+        """Where the :attr:`weights` sit in a call's positional arguments (after ``obj``)."""
+        names = self.parameter_names[1:]
+        return tuple(names.index(name) for name in self.weights)
 
     @property
     def required_parameters(self) -> tuple[str, ...]:

@@ -195,4 +195,17 @@ WITHOUT_GRAPH_SPEC: Mapping[str, str] = MappingProxyType(
         "fused_sigmoid_mul": "Qwen3.5's attention output gate, routed with the GDN functions: "
         "its in-place form returns its input, which a custom op may not alias"
     }
+    | {
+        op: "quantized layers: each implementation receives the weights in the layout its own "
+        "prepare step made (not one schema for every kernel), and sglang-fl's quantized linear "
+        "and MoE methods call the bound chain directly, eagerly"
+        for op in (
+            "w8a8_int8_linear",
+            "w8a8_fp8_linear",
+            "w8a8_block_fp8_linear",
+            "wna16_linear",
+            "fused_moe_w8a8_int8",
+            "fused_moe_w8a8_fp8",
+        )
+    }
 )

@@ -20,6 +20,7 @@ from .._strenum import StrEnum
 from ..comparison import compare
 from ..config import Settings
 from ..dispatch.availability import AvailabilityCache
+from ..dispatch.prepare import prepared_weights, with_weights
 from ..dispatch.registry import OpRegistry
 from ..dispatch.types import Availability, OpImpl
 from ..errors import Unsupported
@@ -160,7 +161,8 @@ def check_case(
     expected_inputs = _make_inputs(contract, case, dtype, reference_device or device)
     before = _snapshot(contract, inputs)
     try:
-        got = impl.fn(inputs.obj, *inputs.args, **inputs.kwargs)
+        args, kwargs = call_arguments(contract, impl, inputs)
+        got = impl.fn(inputs.obj, *args, **kwargs)
     except Unsupported as exc:
         written = _changed(contract, inputs, before, _all_names(contract, inputs))
         if written:
@@ -191,6 +193,18 @@ def check_case(
     if problems:
         return Outcome(FAILED, f"{where}:\n  " + "\n  ".join(problems))
     return Outcome(PASSED)
+
+
+def call_arguments(
+    contract: OpContract, impl: OpImpl, inputs: OpInputs
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments (after ``obj``) ``impl`` is called with on ``inputs``: as made, with the
+    contract's weights replaced by what ``impl``'s ``prepare`` returns for them, if it has one."""
+    if not contract.weights or impl.prepare is None:
+        return inputs.args, inputs.kwargs
+    weights = tuple(inputs.argument(name, contract.signature) for name in contract.weights)
+    prepared = prepared_weights(contract, impl, inputs.obj, weights)
+    return with_weights(contract, inputs.args, inputs.kwargs, prepared)
 
 
 # -- planning -------------------------------------------------------------------------------------

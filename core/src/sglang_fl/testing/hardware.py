@@ -50,6 +50,7 @@ from .checks import (
     SKIPPED,
     CheckStatus,
     _make_inputs,
+    call_arguments,
     check_case,
     dtype_name,
     registered_by,
@@ -255,8 +256,8 @@ def _case_row(
     inputs = partial(_make_inputs, contract, case, dtype, device)  # fresh, same seed each call
     host = _make_inputs(contract, case, dtype, REFERENCE_DEVICE)
     max_abs, max_rel = max_errors(
-        contract.canonical_output(_call(impl.fn, inputs())),
-        contract.canonical_output(_call(contract.reference, host)),
+        contract.canonical_output(_call(impl, inputs())),
+        contract.canonical_output(_call_fn(contract.reference, host)),
     )
     timed = repeat > 0 and not _empty_batch(inputs())
     ratio = _time_ratio(target, impl, inputs(), repeat) if timed else None
@@ -270,9 +271,16 @@ def _empty_batch(inputs: OpInputs) -> bool:
     return isinstance(leading, torch.Tensor) and leading.numel() == 0
 
 
-def _call(fn: Callable[..., Any], inputs: OpInputs) -> tuple[torch.Tensor, ...]:
+def _call_fn(fn: Callable[..., Any], inputs: OpInputs) -> tuple[torch.Tensor, ...]:
     out = fn(inputs.obj, *inputs.args, **inputs.kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _call(impl: OpImpl, inputs: OpInputs) -> tuple[torch.Tensor, ...]:
+    """``impl`` on ``inputs``, its weights prepared first if it prepares them (not timed: a
+    layer prepares once, at load)."""
+    args, kwargs = call_arguments(STANDARD_OPS[impl.op_name], impl, inputs)
+    return _call_fn(impl.fn, OpInputs(inputs.obj, args, kwargs))
 
 
 def _time_ratio(
@@ -282,7 +290,9 @@ def _time_ratio(
     theirs = _sglang_layer_call(target.sglang_forward, impl.op_name, inputs)
     if theirs is None:
         return None
-    ours = _seconds_per_call(lambda: _call(impl.fn, inputs), repeat, target.synchronize)
+    args, kwargs = call_arguments(STANDARD_OPS[impl.op_name], impl, inputs)
+    prepared = OpInputs(inputs.obj, args, kwargs)
+    ours = _seconds_per_call(lambda: _call_fn(impl.fn, prepared), repeat, target.synchronize)
     return ours / _seconds_per_call(theirs, repeat, target.synchronize)
 
 

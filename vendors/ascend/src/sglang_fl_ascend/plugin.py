@@ -14,6 +14,8 @@ from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
+from .impl.quantization import ADAPTERS as QUANTIZATION
+from .impl.quantization import NO_KERNEL as QUANTIZATION_NO_KERNEL
 from .impl.rotary import mrotary_embedding, rotary_embedding
 
 # The standard ops torch_npu has no operator for: nothing is registered, `sglang-fl ops` says why.
@@ -22,6 +24,7 @@ NO_KERNEL = {
     "fused_gate_sigmoid_mul": "torch_npu has no fused gate-sigmoid-mul operator",
     **LINEAR_ATTENTION_NO_KERNEL,
     **collectives.LEFT_TO_SGLANG,
+    **QUANTIZATION_NO_KERNEL,
 }
 
 
@@ -53,6 +56,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     )
     # sgl_kernel_npu's GDN operators: the same vendor, probed after torch_npu.
     registry.register_many(SglKernelNpuBackend().implementations(LINEAR_ATTENTION))
+    # Quantized matmuls, each preparing its weight layout once per layer.
+    registry.register_many(AscendBackend().implementations(QUANTIZATION))
 
 
 @hookimpl

@@ -115,7 +115,7 @@ def _nccl_availability() -> Availability:
 class NcclBackend(Backend):
     """The collectives: NCCL through torch.distributed, on the engine's ``nccl`` device groups.
 
-    Probed apart from :class:`CudaBackend`: collectives need NCCL, not ``sgl_kernel``."""
+    Probed apart from ``SdkBackend(SGL_KERNEL)``: collectives need NCCL, not ``sgl_kernel``."""
 
     @property
     def name(self) -> str:

@@ -22,6 +22,7 @@ from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, rms_norm
+from .impl.quantization import ADAPTERS as QUANTIZATION
 from .impl.rotary import rotary_embedding
 
 # The standard ops sgl_kernel has no kernel for: nothing is registered, `sglang-fl ops` says why.
@@ -67,6 +68,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     # sgl_kernel's compiled causal convs (sgl_kernel.mamba), probed on their own.
     registry.register_many(SdkBackend(SGL_KERNEL_MAMBA).implementations(causal_conv.ADAPTERS))
     registry.register_many(NcclBackend().implementations(collectives.COLLECTIVES))
+    # Quantized GEMMs (sgl_kernel) and experts (SGLang's Triton), each preparing its layout.
+    registry.register_many(SdkBackend(SGL_KERNEL).implementations(QUANTIZATION))
 
 
 @hookimpl

@@ -43,6 +43,14 @@ from .impl.linear_attention import (
 )
 from .impl.moe import fused_moe, topk
 from .impl.normalization import gemma_rms_norm, layer_norm, rms_norm
+from .impl.quantization import (
+    FUSED_MOE_W8A8_FP8,
+    FUSED_MOE_W8A8_INT8,
+    W8A8_BLOCK_FP8_LINEAR,
+    W8A8_FP8_LINEAR,
+    W8A8_INT8_LINEAR,
+    WNA16_LINEAR,
+)
 from .impl.rotary import mrotary_embedding, rotary_embedding
 
 
@@ -93,6 +101,12 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
                 "send": send,
                 "recv": recv,
                 "all_to_all_single": all_to_all_single,
+                "w8a8_int8_linear": W8A8_INT8_LINEAR,
+                "w8a8_fp8_linear": W8A8_FP8_LINEAR,
+                "w8a8_block_fp8_linear": W8A8_BLOCK_FP8_LINEAR,
+                "wna16_linear": WNA16_LINEAR,
+                "fused_moe_w8a8_int8": FUSED_MOE_W8A8_INT8,
+                "fused_moe_w8a8_fp8": FUSED_MOE_W8A8_FP8,
             }
         )
     )

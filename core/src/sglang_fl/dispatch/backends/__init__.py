@@ -6,7 +6,7 @@ import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..types import Availability, BackendImplKind, BackendPriority, OpImpl
+from ..types import Availability, BackendImplKind, BackendPriority, OpImpl, PreparedKernel
 
 __all__ = ["Backend"]
 
@@ -31,7 +31,7 @@ class Backend(abc.ABC):
 
     def implementations(
         self,
-        functions: Mapping[str, Callable[..., Any]],
+        functions: Mapping[str, Callable[..., Any] | PreparedKernel],
         *,
         impl_id: str | None = None,
         priority: int = BackendPriority.VENDOR,
@@ -39,19 +39,21 @@ class Backend(abc.ABC):
         """One vendor :class:`OpImpl` per ``op name -> function``, probed by :meth:`is_available`.
 
         The functions are registered as they are (no wrapper), so the bound callable SGLang
-        calls is the kernel adapter itself.
+        calls is the kernel adapter itself. A :class:`PreparedKernel` value brings the
+        adapter's weight-preparation step along (ops with weights: the quantized ones).
         """
         return [
             OpImpl(
                 op_name=op_name,
                 impl_id=impl_id or f"vendor.{self.name}",
                 kind=BackendImplKind.VENDOR,
-                fn=fn,
+                fn=adapter.fn if isinstance(adapter, PreparedKernel) else adapter,
                 vendor=self.name,
                 priority=priority,
                 available=self.is_available,
+                prepare=adapter.prepare if isinstance(adapter, PreparedKernel) else None,
             )
-            for op_name, fn in functions.items()
+            for op_name, adapter in functions.items()
         ]
 
     def __repr__(self) -> str:

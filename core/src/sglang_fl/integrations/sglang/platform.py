@@ -105,6 +105,14 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
         super().init_backend()
         device_module_without_accelerator()
 
+    def get_quantization_config(self, quantization: str) -> type | None:
+        """sglang-fl's config for a quantization it serves (compressed-tensors, fp8, w8a8_int8,
+        awq): SGLang's own, whose layers run sglang-fl's quantized ops; ``None`` for the others
+        (SGLang's in-tree config). See ``integrations/sglang/quantization``."""
+        from .quantization import quantization_config
+
+        return quantization_config(quantization)
+
     def support_mamba_cache_extra_buffer(self) -> bool:
         """Hybrid models' radix cache (``extra_buffer``) snapshots linear-attention states.
 

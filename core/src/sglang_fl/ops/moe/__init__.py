@@ -29,6 +29,7 @@ from ..contract import (
     layer,
     random_tensor,
 )
+from ..experts import MoeActivation, check_activation, gated_activation, run_experts
 
 __all__ = ["FUSED_MOE", "TOPK", "MoeActivation", "ScoringFunc", "check_activation"]
 
@@ -42,13 +43,6 @@ class ScoringFunc(str, enum.Enum):
 
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
-
-
-class MoeActivation(str, enum.Enum):
-    """The gated activation between the two expert projections (``activation``)."""
-
-    SILU = "silu"  # silu(gate) * up, SGLang's SiluAndMul
-    GELU = "gelu"  # gelu_tanh(gate) * up, SGLang's GeluAndMul() (approximate="tanh")
 
 
 # --- topk -------------------------------------------------------------------------------------
@@ -325,22 +319,6 @@ def _fused_moe_signature(
     raise NotImplementedError
 
 
-def check_activation(activation: str) -> MoeActivation:
-    """The :class:`MoeActivation` named ``activation``; a ``ValueError`` naming the allowed."""
-    try:
-        return MoeActivation(activation)
-    except ValueError:
-        allowed = ", ".join(repr(a.value) for a in MoeActivation)
-        raise ValueError(f"fused_moe: activation {activation!r} is not one of {allowed}") from None
-
-
-def _gated_activation(gate_up: torch.Tensor, activation: MoeActivation) -> torch.Tensor:
-    d = gate_up.shape[-1] // 2
-    if activation is MoeActivation.SILU:
-        return F.silu(gate_up[..., :d]) * gate_up[..., d:]
-    return F.gelu(gate_up[..., :d], approximate="tanh") * gate_up[..., d:]
-
-
 def fused_moe_reference(
     obj: Any,
     x: torch.Tensor,
@@ -353,34 +331,11 @@ def fused_moe_reference(
     """Same math as SGLang's ``moe_forward_native``: tokens sorted by expert, one expert at a
     time, outputs weighted in float32."""
     act = check_activation(activation)
-    tokens, top_k = topk_ids.shape
-    if tokens == 0:
-        return x.new_empty((0, w2.shape[1]))
-    experts = w13.shape[0]
-    counts = topk_ids.new_zeros((tokens, experts))
-    counts.scatter_(1, topk_ids.to(torch.int64), 1)
-    tokens_per_expert = counts.sum(dim=0).tolist()
-    order = topk_ids.reshape(-1).argsort()
-    sorted_tokens = x[order // top_k]
-    outputs = []
-    start = 0
-    for expert, count in enumerate(tokens_per_expert):
-        if count == 0:
-            continue
-        rows = sorted_tokens[start : start + count]
-        start += count
-        hidden = _gated_activation(F.linear(rows, w13[expert]), act)
-        outputs.append(F.linear(hidden, w2[expert]))
-    expert_out = torch.cat(outputs, dim=0)
-    unsorted = torch.empty_like(expert_out)
-    unsorted[order] = expert_out
-    return (
-        unsorted.view(tokens, top_k, -1)
-        .type(topk_weights.dtype)
-        .mul_(topk_weights.unsqueeze(dim=-1))
-        .sum(dim=1)
-        .type(x.dtype)
-    )
+
+    def project(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(gated_activation(F.linear(rows, w13[expert]), act), w2[expert])
+
+    return run_experts(x, topk_weights, topk_ids, w13.shape[0], w2.shape[1], project)
 
 
 def _fused_moe_case_name(p: Mapping[str, Any]) -> str:

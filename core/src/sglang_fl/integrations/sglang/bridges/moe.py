@@ -29,7 +29,7 @@ from ...routing import Forward, Handoff
 from ..compat import LAYER_CLASSES
 from .base import Bridge
 
-__all__ = ["FusedMoEBridge", "TopKBridge"]
+__all__ = ["FusedMoEBridge", "TopKBridge", "runner_config_problem"]
 
 _TOKEN_DISPATCHER = "sglang.srt.layers.moe.token_dispatcher"
 
@@ -187,22 +187,9 @@ class FusedMoEBridge(Bridge):
         config = getattr(method, "moe_runner_config", None)
         if config is None:
             return "no moe_runner_config on the MoE method; left to SGLang"
-        allowed = {a.value for a in MoeActivation}
-        if config.activation not in allowed:
-            return f"activation {config.activation!r} is outside fused_moe ({sorted(allowed)})"
-        options = {
-            "not is_gated": not config.is_gated,
-            "apply_router_weight_on_input": config.apply_router_weight_on_input,
-            "no_combine": config.no_combine,
-            "routed_scaling_factor": config.routed_scaling_factor not in (None, 1.0),
-            "gemm1_alpha": config.gemm1_alpha is not None,
-            "gemm1_beta": config.gemm1_beta is not None,
-            "gemm1_clamp_limit": config.gemm1_clamp_limit is not None,
-            "swiglu_limit": config.swiglu_limit is not None,
-        }
-        used = [name for name, on in options.items() if on]
-        if used:
-            return f"MoE runner option(s) {', '.join(used)} are outside fused_moe; left to SGLang"
+        problem = runner_config_problem(config)
+        if problem is not None:
+            return f"{problem} is outside fused_moe; left to SGLang"
         return None
 
     def bind(self, layer: Any, fn: Forward, sglang_forward: Forward, handoff: Handoff) -> Forward:
@@ -240,6 +227,28 @@ class FusedMoEBridge(Bridge):
             return combine_input(hidden_states=out)
 
         return fused_moe
+
+
+def runner_config_problem(config: Any) -> str | None:
+    """What in SGLang's ``MoeRunnerConfig`` the expert ops (``fused_moe`` and its quantized
+    variants) do not compute, in words, or ``None``."""
+    allowed = {a.value for a in MoeActivation}
+    if config.activation not in allowed:
+        return f"activation {config.activation!r} (the ops have {sorted(allowed)})"
+    options = {
+        "not is_gated": not config.is_gated,
+        "apply_router_weight_on_input": config.apply_router_weight_on_input,
+        "no_combine": config.no_combine,
+        "routed_scaling_factor": config.routed_scaling_factor not in (None, 1.0),
+        "gemm1_alpha": config.gemm1_alpha is not None,
+        "gemm1_beta": config.gemm1_beta is not None,
+        "gemm1_clamp_limit": config.gemm1_clamp_limit is not None,
+        "swiglu_limit": config.swiglu_limit is not None,
+    }
+    used = [name for name, on in options.items() if on]
+    if used:
+        return f"MoE runner option(s) {', '.join(used)}"
+    return None
 
 
 def _refuse_moe_layer(moe_layer: Any) -> str | None:
