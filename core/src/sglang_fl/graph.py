@@ -14,12 +14,18 @@ the implementation with a stand-in carrying just those attributes. Which impleme
 is the first argument, a key naming the implementation the substitution stands for; keys are
 given out once per implementation object and process.
 
+A planned op's plan (:mod:`sglang_fl.ops.attention.plan`) crosses the boundary as three
+arguments: its type's name, its tensor fields (``Tensor?[]``) and its plain values
+(``Scalar[]``, constants of the compiled graph: a change recompiles); the custom op rebuilds the
+plan from them (:func:`plan_layout`).
+
 Engine-agnostic: the SGLang integration wraps at its binding seam; other engines can call
 :func:`graph_safe` the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -43,9 +49,11 @@ __all__ = [
     "NAMESPACE",
     "GraphOp",
     "OutputForm",
+    "PlanLayout",
     "custom_ops_supported",
     "graph_op",
     "graph_safe",
+    "plan_layout",
     "register_impl",
 ]
 
@@ -72,6 +80,92 @@ class OutputForm(StrEnum):
     PAIR = "pair"
     # One tensor alone, or a pair when an optional argument is given (rms_norm's residual).
     TENSOR_OR_PAIR = "tensor-or-pair"
+
+
+# The annotation of a planned op's plan parameter (see ``sglang_fl.ops.attention.plan``).
+PLAN_ANNOTATION = "AttentionPlan"
+# A plan's field annotations -> whether the field is a tensor (else a plain value).
+_PLAN_FIELD_TYPES: Mapping[str, bool] = {
+    "torch.Tensor": True,
+    "torch.Tensor | None": True,
+    "int": False,
+    "float": False,
+    "bool": False,
+}
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """How plans of one type cross a custom op: which fields are tensors, which plain values."""
+
+    name: str
+    cls: type
+    tensor_fields: tuple[str, ...]
+    value_fields: tuple[str, ...]
+
+    def rebuild(self, tensors: Sequence[Any], values: Sequence[Any]) -> Any:
+        """The plan whose fields are ``tensors`` and ``values``, in this layout's order."""
+        fields = dict(zip(self.tensor_fields, tensors, strict=True))
+        fields.update(zip(self.value_fields, values, strict=True))
+        return self.cls(**fields)
+
+
+_plan_layouts: dict[type, PlanLayout] = {}
+_plan_layouts_by_name: dict[str, PlanLayout] = {}
+
+
+def plan_layout(cls: type) -> PlanLayout:
+    """The layout of plan type ``cls`` (a dataclass whose fields are annotated tensors or
+    ``int``/``float``/``bool``), made once per type; a ``TypeError`` names a field that is
+    neither, for plans that cannot cross into a compiled graph."""
+    layout = _plan_layouts.get(cls)
+    if layout is not None:
+        return layout
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"plan type {qualified(cls)} is not a dataclass")
+    tensors: list[str] = []
+    values: list[str] = []
+    for spec in dataclasses.fields(cls):
+        annotation = spec.type if isinstance(spec.type, str) else getattr(spec.type, "__name__", "")
+        is_tensor = _PLAN_FIELD_TYPES.get(annotation)
+        if is_tensor is None or not spec.init:
+            raise TypeError(
+                f"plan type {qualified(cls)}: field {spec.name!r} ({annotation!r}) is neither a "
+                f"tensor nor a plain int/float/bool init field, so its plans cannot cross "
+                f"into a compiled graph; allowed annotations: {', '.join(_PLAN_FIELD_TYPES)}"
+            )
+        (tensors if is_tensor else values).append(spec.name)
+    with _lock:
+        layout = _plan_layouts.get(cls)
+        if layout is None:
+            name = qualified(cls)
+            if name in _plan_layouts_by_name:  # two classes of one name: keep both apart
+                name = f"{name}#{len(_plan_layouts)}"
+            layout = PlanLayout(name, cls, tuple(tensors), tuple(values))
+            _plan_layouts[cls] = layout
+            _plan_layouts_by_name[name] = layout
+        return layout
+
+
+def qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@torch.compiler.assume_constant_result
+def _plan_fields(cls: type) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """What dynamo reads of a plan's layout while it traces: constants (the plan's type is
+    guarded anyway, by the attribute reads of its fields)."""
+    layout = plan_layout(cls)
+    return layout.name, layout.tensor_fields, layout.value_fields
+
+
+def _split_plan(plan: Any) -> tuple[str, list[Any], list[Any]]:
+    name, tensor_fields, value_fields = _plan_fields(type(plan))
+    return (
+        name,
+        [getattr(plan, field) for field in tensor_fields],
+        [getattr(plan, field) for field in value_fields],
+    )
 
 
 _OUTPUT_FORMS: Mapping[str, OutputForm] = {
@@ -111,6 +205,8 @@ class GraphOp:
     # The call parameters after ``obj``, and their defaults (``inspect.Parameter.empty``: none).
     parameters: tuple[str, ...]
     defaults: tuple[Any, ...]
+    # A planned op's plan parameter (the last one): three custom-op arguments (see the module).
+    plan: str | None = None
 
     @property
     def name(self) -> str:
@@ -133,6 +229,13 @@ class GraphOp:
         ]
         aliases = itertools.count()
         for name in self.parameters:
+            if name == self.plan:
+                entries += [
+                    f"str {name}_type",
+                    f"Tensor?[] {name}_tensors",
+                    f"Scalar[] {name}_values",
+                ]
+                continue
             annotation = self.contract.signature.parameters[name].annotation
             schema_type = _ARGUMENT_TYPES[annotation]
             if name in self.spec.mutates:
@@ -183,7 +286,14 @@ class GraphOp:
         self, key: str, obj: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> tuple[Any, ...]:
         """The custom op's arguments for the call ``fn(obj, *args, **kwargs)``."""
-        return (key, *self.layer_values(obj), *self.arguments(args, kwargs))
+        return (key, *self.layer_values(obj), *self.op_arguments(self.arguments(args, kwargs)))
+
+    def op_arguments(self, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The call ``arguments`` as the custom op takes them: a plan split in three."""
+        if self.plan is None:
+            return arguments
+        *rest, plan = arguments
+        return (*rest, *_split_plan(plan))
 
     def pack(self, outputs: Any, arguments: tuple[Any, ...]) -> Any:
         """The custom op's outputs as the op returns them, given the call ``arguments``."""
@@ -197,7 +307,12 @@ class GraphOp:
     def unflatten(self, values: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
         """``(stand-in layer, call arguments)`` from the custom op's arguments after ``impl``."""
         count = len(self.layer_names)
-        return self.stand_in(values[:count]), tuple(values[count:])
+        arguments = tuple(values[count:])
+        if self.plan is not None:
+            *rest, name, tensors, plan_values = arguments
+            layout = _plan_layouts_by_name[name]
+            arguments = (*rest, layout.rebuild(tensors, plan_values))
+        return self.stand_in(values[:count]), arguments
 
     def fresh_outputs(self, result: Any, values: Sequence[Any]) -> Any:
         """``result`` of ``fn`` as the custom op returns it; ``values``: its arguments.
@@ -264,7 +379,17 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
             "second_output_into (the argument the second output is written into), and only it"
         )
     parameters = tuple(contract.parameter_names[1:])  # after obj
+    plan = None
+    if contract.plan_stage is not None:
+        plan = parameters[-1]
+        if contract.signature.parameters[plan].annotation != PLAN_ANNOTATION:
+            raise TypeError(
+                f"{contract.name}: a planned op's last parameter takes the plan, annotated "
+                f"{PLAN_ANNOTATION!r}"
+            )
     for name in parameters:
+        if name == plan:
+            continue
         annotation = contract.signature.parameters[name].annotation
         if annotation not in _ARGUMENT_TYPES:
             raise TypeError(
@@ -272,7 +397,7 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
                 f"type; known: {', '.join(_ARGUMENT_TYPES)}"
             )
     defaults = tuple(contract.signature.parameters[name].default for name in parameters)
-    return GraphOp(contract, spec, form, parameters, defaults)
+    return GraphOp(contract, spec, form, parameters, defaults, plan)
 
 
 def _define(graph: GraphOp) -> None:
@@ -352,7 +477,8 @@ def graph_safe(
         graph = _graph_ops[op_name]
         arguments = graph.arguments(args, kwargs)
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
-        return graph.pack(op(key, *graph.layer_values(obj), *arguments), arguments)
+        outputs = op(key, *graph.layer_values(obj), *graph.op_arguments(arguments))
+        return graph.pack(outputs, arguments)
 
     if _substitute(op_name, fn, through_custom_op):
         return fn

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
 from ..guard import plain_str, safe_repr
-from ..ops import STANDARD_OPS, unknown_op_message
+from ..ops import STANDARD_OPS, OpContract, unknown_op_message
+from ..ops.attention.plan import AttentionPlanner
 from .identity import DIRECT_PLUGIN, identity_problem, is_core_reference
 from .types import BackendImplKind, OpImpl, Provenance
 
@@ -403,10 +405,47 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             "None, True, False or a no-argument probe returning bool or Availability"
         )
     contract = STANDARD_OPS[op_name]
+    fn, planner = _planned(contract, impl_id, fn, impl.planner, who)
     problem = contract.signature_problem(fn)
     if problem is not None:
         raise RegistrationError(
             f"{who} registered {impl_id!r} for op {op_name!r}, but {plain_str(problem)}; "
             f"expected {contract.signature_text()}"
         )
-    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared)
+    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared, planner=planner)
+
+
+def _planned(
+    contract: OpContract, impl_id: str, fn: Callable[..., Any], planner: object, who: str
+) -> tuple[Callable[..., Any], AttentionPlanner | None]:
+    """``fn`` and its planner: the default one when none is given, the legacy one (and ``fn``
+    adapted) for a planned op's signature from before plans; a planner elsewhere is refused."""
+    stage = contract.plan_stage
+    if stage is None:
+        if planner is not None:
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} for op {contract.name!r} with a planner, but "
+                f"only planned ops take one: {', '.join(_planned_ops())}"
+            )
+        return fn, None
+    if planner is not None and not isinstance(planner, AttentionPlanner):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with planner={safe_repr(planner)}; expected an "
+            "AttentionPlanner (subclass sglang_fl.types.DefaultPlanner)"
+        )
+    if contract.signature_problem(fn) is None:
+        return fn, planner or stage.default_planner
+    adapted = stage.adapt_legacy(fn)
+    if adapted is None:
+        return fn, planner  # the caller names the signature problem
+    if planner is not None:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} for op {contract.name!r} with a planner but the "
+            f"signature from before plans; a planned implementation takes "
+            f"{contract.signature_text()}"
+        )
+    return adapted, stage.legacy_planner
+
+
+def _planned_ops() -> list[str]:
+    return [name for name, c in STANDARD_OPS.items() if c.plan_stage is not None]

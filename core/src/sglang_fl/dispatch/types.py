@@ -70,7 +70,10 @@ class OpImpl:
     callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
     process; a plain ``True``/``False`` there is a fixed answer (``False``: never chosen).
     ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor implementation that
-    gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
+    gives none gets ``VENDOR``, not ``DEFAULT``). ``planner`` is for the planned ops
+    (``decode_attention``, ``extend_attention``): an
+    :class:`~sglang_fl.ops.attention.plan.AttentionPlanner` that plans each forward for ``fn``
+    (``None``: the default plan; the registry fills it in). ``provenance`` is filled
     in by the loader; a backend never sets it.
     """
 
@@ -82,6 +85,7 @@ class OpImpl:
     priority: int = None  # type: ignore[assignment]  # set from ``kind`` in __post_init__
     available: Callable[[], object] | bool | None = field(default=None, compare=False)
     provenance: Provenance | None = field(default=None, compare=False)
+    planner: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         given: object = self.priority  # None when the author left it out
