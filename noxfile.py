@@ -3,15 +3,25 @@
 ``nox`` alone runs the whole test suite (the README's test command); ``nox -s demo`` is the main
 job and ``nox -s bench`` the benchmarks. Each distribution is tested in its own fresh virtual
 environment, from built wheels, never from the source tree.
+
+Installing is cheap on purpose: the venvs are made and filled by ``uv`` (its cache lives outside
+the clone, so a second run on the same machine is warm and a cold one is still correct; uv
+hard-links from it, so a 6 GB SGLang venv costs seconds and no disk), each distribution's wheel
+is built once per state of its sources and shared by every session (:func:`built_wheels`), and
+the tests' models and mypy's cache live outside the clone too.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +34,79 @@ CORE = ROOT / "core"
 VENDORS = ROOT / "vendors"
 VENDOR_NAMES = sorted(p.name for p in VENDORS.iterdir() if (p / "pyproject.toml").exists())
 DIST_DIR = ROOT / ".nox" / "_dist"
+# Caches that outlive a clone: uv's (its own default), the tests' models, mypy's.
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-fl"
 
 # torch for sessions that do not run SGLang: the CPU build that lies on this machine's disk.
 TORCH_CPU = "torch==2.13.0"
 
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "wheels", "vendor", "cross", "kit", "sglang", "vllm"]
+nox.options.sessions = [
+    "lint",
+    "tests",
+    "wheels",
+    "vendor",
+    "cross",
+    "kit",
+    "sglang",
+    "sglang_matrix",
+    "vllm",
+]
+
+
+def _pip_configuration() -> dict[str, str]:
+    """pip's effective configuration here (``pip config list``: files and ``PIP_*``), by key."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
+    settings: dict[str, str] = {}
+    for line in listed.stdout.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        settings[name] = value.strip().strip("'\"")
+    return settings
+
+
+# pip's setting -> uv's variable; each list is space-separated in both.
+_PIP_TO_UV = {
+    "index-url": "UV_DEFAULT_INDEX",
+    "extra-index-url": "UV_INDEX",
+    "find-links": "UV_FIND_LINKS",
+    "constraint": "UV_CONSTRAINT",
+}
+
+
+def uv_follows_pip_configuration() -> None:
+    """Give uv the package sources and constraints pip is configured with on this machine.
+
+    uv does not read pip's configuration files. Where a machine points pip at local indexes or
+    wheel directories (and caps releases with a constraints file), uv must see the same, or it
+    resolves differently from pip (and downloads what lies on disk). Only variables the user has
+    not set are filled in; with extra indexes, uv compares versions across all of them, as pip
+    does (``UV_INDEX_STRATEGY=unsafe-best-match``), instead of stopping at the first.
+    """
+    settings = _pip_configuration()
+    for pip_key, uv_variable in _PIP_TO_UV.items():
+        value = settings.get(pip_key)
+        if value and uv_variable not in os.environ:
+            separator = "," if uv_variable == "UV_FIND_LINKS" else " "
+            os.environ[uv_variable] = separator.join(value.split())
+    if settings.get("extra-index-url") or settings.get("find-links"):
+        os.environ.setdefault("UV_INDEX_STRATEGY", "unsafe-best-match")
+
+
+uv_follows_pip_configuration()
+
+
+def uv_executable() -> str:
+    """The ``uv`` installed beside nox (``scripts/nox.sh``), else the one on ``PATH``."""
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.is_file() else shutil.which("uv")
+    if found is None:
+        raise RuntimeError("uv is not installed beside nox nor on PATH: run scripts/nox.sh")
+    return found
 
 
 def releases_venv(session_func: Callable[..., None]) -> Callable[..., None]:
@@ -59,30 +134,52 @@ def distribution_dirs() -> dict[str, Path]:
     return {"core": CORE, **{name: VENDORS / name for name in VENDOR_NAMES}}
 
 
-def build(session: nox.Session, *names: str, sdist: bool = False) -> dict[str, Path]:
-    """Build wheels (and sdists) of the named distributions; return name -> wheel path."""
-    session.install("build", "setuptools>=77")
-    out = DIST_DIR / session.name.replace("(", "_").replace(")", "").replace("=", "_")
-    shutil.rmtree(out, ignore_errors=True)
+_NOT_SOURCES = ("build", "dist", ".nox", "__pycache__", ".pytest_cache", ".mypy_cache")
+
+
+def source_digest(source: Path) -> str:
+    """A digest of a distribution's sources: every file's path and bytes, build outputs aside."""
+    digest = hashlib.sha256()
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if not path.is_file() or any(
+            part in _NOT_SOURCES or part.endswith(".egg-info") for part in relative.parts
+        ):
+            continue
+        digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+WHEELHOUSE = DIST_DIR / "wheels"
+
+
+def built_wheels(session: nox.Session, *names: str) -> dict[str, Path]:
+    """The wheels of the named distributions: built once per state of their sources, shared.
+
+    Every session installs the same wheels; the first session that needs one builds it (``uv
+    build``, isolated, setuptools from uv's cache) into ``.nox/_dist/wheels/<name>/`` beside a
+    digest of the sources it was built from, and later sessions (and later runs, while the
+    sources are unchanged) install that file.
+    """
     wheels: dict[str, Path] = {}
     for name in names:
         source = distribution_dirs()[name]
-        target = out / name
-        # --no-isolation reuses setuptools' build/ tree: a module deleted from src/ would ship.
-        shutil.rmtree(source / "build", ignore_errors=True)
-        kinds = ["--wheel", "--sdist"] if sdist else ["--wheel"]
+        target = WHEELHOUSE / name
+        stamp = target / "SOURCE_DIGEST"
+        digest = source_digest(source)
+        found = sorted(target.glob("*.whl"))
+        if len(found) == 1 and stamp.is_file() and stamp.read_text() == digest:
+            session.log(f"{name}: reusing {found[0].name} (sources unchanged)")
+            wheels[name] = found[0]
+            continue
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(source / "build", ignore_errors=True)  # a stale build/ would ship too
         session.run(
-            "python",
-            "-m",
-            "build",
-            "--no-isolation",
-            *kinds,
-            "--outdir",
-            str(target),
-            str(source),
-            silent=True,
-        )
+            uv_executable(), "build", "--quiet", "--wheel", "--out-dir", str(target), str(source),
+            external=True,
+        )  # fmt: skip
         (wheel,) = target.glob("*.whl")
+        stamp.write_text(digest)
         wheels[name] = wheel
     return wheels
 
@@ -170,10 +267,11 @@ def install_real_model_deps(session: nox.Session) -> None:
 def install_built(session: nox.Session, *wheels: Path, extra: tuple[str, ...] = ()) -> None:
     """Install this checkout's wheels (with their dependencies and ``extra``).
 
-    ``--force-reinstall``: a venv reused with ``-r`` already holds a wheel of the same version,
-    which pip would keep, and the session would test the older code.
+    Reinstalled by force: a venv reused with ``-r`` already holds a wheel of the same version,
+    which the installer would keep, and the session would test the older code.
     """
-    session.install("--force-reinstall", "--no-deps", *map(str, wheels))
+    session.install("--reinstall" if session.venv_backend == "uv" else "--force-reinstall",
+                    "--no-deps", *map(str, wheels))  # fmt: skip
     session.install(*map(str, wheels), *extra)
 
 
@@ -181,7 +279,7 @@ def install_sglang_and_core(session: nox.Session) -> Path:
     """SGLang with the real model's needs and this checkout's core wheel; returns the wheel."""
     install_sglang(session)
     install_real_model_deps(session)
-    core = build(session, "core")["core"]
+    core = built_wheels(session, "core")["core"]
     install_built(session, core)  # a reused demo venv must run this checkout's core
     return core
 
@@ -204,7 +302,7 @@ END_TO_END_TEST_LIMIT_S = 900
 
 
 def run_pytest(
-    session: nox.Session, *paths: str, limit_s: int, env: dict[str, str] | None = None
+    session: nox.Session, *args: str, limit_s: int, env: dict[str, str] | None = None
 ) -> None:
     """pytest over ``paths`` with the per-test limit on (the session installed PYTEST_TIMEOUT).
 
@@ -218,7 +316,7 @@ def run_pytest(
         f"--timeout={limit_s}",
         "--timeout-method=signal",
         "--durations=10",
-        *paths,
+        *args,
         *session.posargs,
         env=env,
     )
@@ -244,7 +342,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     install_torch_cpu(session)
     session.install("mypy>=1.11", "pluggy>=1.3", "packaging>=21", "pytest>=7")
-    session.run("mypy")
+    session.run("mypy", env={"MYPY_CACHE_DIR": str(CACHE_ROOT / "mypy")})
     # The import layers (pyproject.toml, [tool.importlinter]): core and the vendors installed
     # without dependencies (editable: nothing is built), so import-linter finds every package.
     session.install("import-linter>=2.1")
@@ -261,19 +359,24 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
-    wheels = build(session, "core")
+    wheels = built_wheels(session, "core")
     install_built(session, wheels["core"], extra=("pytest", PYTEST_TIMEOUT))
     run_pytest(session, "core/tests", limit_s=UNIT_TEST_LIMIT_S)
 
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Wheel and sdist of every distribution, with their metadata checked."""
-    built = build(session, *distribution_dirs(), sdist=True)
+    """Sdist and wheel of every distribution (the wheel built from the sdist, as an installer
+    from PyPI would), with their metadata checked; into ``.nox/_dist/release/<name>/``."""
     session.install("twine", "check-wheel-contents")
-    for wheel in built.values():
-        session.run("twine", "check", "--strict", str(wheel.parent / "*"))
-        session.run("check-wheel-contents", str(wheel))
+    for name, source in distribution_dirs().items():
+        out = DIST_DIR / "release" / name
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(source / "build", ignore_errors=True)
+        session.run(uv_executable(), "build", "--quiet", "--out-dir", str(out), str(source),
+                    external=True)  # fmt: skip
+        session.run("twine", "check", "--strict", *map(str, sorted(out.iterdir())))
+        session.run("check-wheel-contents", *map(str, out.glob("*.whl")))
 
 
 @nox.session
@@ -282,7 +385,7 @@ def wheels(session: nox.Session) -> None:
 def vendor(session: nox.Session, name: str) -> None:
     """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
     install_torch_cpu(session)
-    built = build(session, "core", name)
+    built = built_wheels(session, "core", name)
     install_built(session, built["core"], built[name], extra=("pytest", PYTEST_TIMEOUT))
     report = json.loads(
         session.run("sglang-fl", "plugins", "--json", silent=True, external=False) or "{}"
@@ -302,7 +405,7 @@ def cross(session: nox.Session) -> None:
     install_torch_cpu(session)
     # The README's Install commands run in a fresh venv of their own in pytest's temporary dir.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The Install test's venv")
-    built = build(session, "core")
+    built = built_wheels(session, "core")
     extra = ("pytest", PYTEST_TIMEOUT, "build", "setuptools>=77")
     install_built(session, built["core"], extra=extra)
     env = {"INSTALL_TEST_TORCH": TORCH_CPU}
@@ -319,7 +422,7 @@ def kit(session: nox.Session) -> None:
     """
     # The walkthrough's own venv (torch and core) lives in pytest's temporary directory.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The kit's venv")
-    built = build(session, "core")
+    built = built_wheels(session, "core")
     session.install("pytest", PYTEST_TIMEOUT)
     env = {"KIT_CORE_WHEEL": str(built["core"]), "KIT_TORCH": TORCH_CPU}
     run_pytest(session, "tests/kit", limit_s=END_TO_END_TEST_LIMIT_S, env=env)
@@ -346,7 +449,7 @@ def bench(session: nox.Session) -> None:
     install_sglang(session)
     install_real_model_deps(session)
     session.install("matplotlib")
-    built = list(build(session, *distribution_dirs()).values())
+    built = list(built_wheels(session, *distribution_dirs()).values())
     install_built(session, *built)  # a reused (-r) venv must measure this checkout's code
     wheels = [str(wheel) for wheel in built]
     run = ["python", "benchmarks/run.py"]
@@ -361,13 +464,35 @@ def bench(session: nox.Session) -> None:
     session.run(*run, *session.posargs)
 
 
+# The SGLang tests in two tiers, each a session (tests/sglang/conftest.py sorts them): the fast
+# tier runs in this process and on the shared engines of the default tiny models; the matrix
+# tier holds the multi-rank runs (TP, PP) and the engines of the other models (each its own
+# start). A developer runs the fast tier in minutes; CI runs both.
+SGLANG_TIERS = {"sglang": "not matrix", "sglang_matrix": "matrix"}
+
+
+def sglang_tests(session: nox.Session) -> None:
+    """SGLang 0.5.23 with this checkout's core wheel, then one tier of tests/sglang."""
+    install_sglang_and_core(session)
+    session.install("pytest", PYTEST_TIMEOUT)
+    tier = ["-m", SGLANG_TIERS[session.name]]
+    run_pytest(session, "tests/sglang", *tier, limit_s=END_TO_END_TEST_LIMIT_S)
+
+
 @nox.session
 @releases_venv
 def sglang(session: nox.Session) -> None:
-    """SGLang through sglang-fl on the CPU: layers, Engine, HTTP server, a vendor wheel."""
-    install_sglang_and_core(session)
-    session.install("pytest", PYTEST_TIMEOUT)
-    run_pytest(session, "tests/sglang", limit_s=END_TO_END_TEST_LIMIT_S)
+    """SGLang through sglang-fl on the CPU, fast tier: layers and backends in process, then the
+    shared engines of the default tiny models (Engine, HTTP server, a vendor wheel, observers)."""
+    sglang_tests(session)
+
+
+@nox.session
+@releases_venv
+def sglang_matrix(session: nox.Session) -> None:
+    """SGLang through sglang-fl on the CPU, matrix tier: TP/PP ranks, the other architectures
+    (Gemma-3, Qwen3, MoE, Qwen3-Next, Qwen3.5) and the real model, an engine each."""
+    sglang_tests(session)
 
 
 @nox.session
@@ -375,7 +500,7 @@ def sglang(session: nox.Session) -> None:
 def vllm(session: nox.Session) -> None:
     """vLLM (CPU build) through sglang-fl: its layers, its engine, the probe vendor wheel."""
     install_vllm(session)
-    core = build(session, "core")["core"]
+    core = built_wheels(session, "core")["core"]
     install_built(session, core, extra=("pytest", PYTEST_TIMEOUT))
     run_pytest(session, "tests/vllm", limit_s=END_TO_END_TEST_LIMIT_S)
 

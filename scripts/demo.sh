@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: a real chat model (SmolLM2-135M-Instruct) answering on the CPU through sglang-fl,
 # then the dispatch report. Creates (first run) or reuses the demo environment: SGLang 0.5.23 and
-# this checkout's core wheel; fetches and converts the model once into .cache/models/. Extra
-# arguments go to scripts/demo.py: --prompt "your question", --max-new-tokens N, --dtype bfloat16.
+# this checkout's core wheel; fetches and converts the model once into ~/.cache/sglang-fl/models/.
+# Extra arguments go to scripts/demo.py: --prompt "your question", --max-new-tokens N, --dtype
+# bfloat16.
 set -euo pipefail
 exec "$(dirname "${BASH_SOURCE[0]}")/nox.sh" --reuse-venv=yes -s demo -- "$@"

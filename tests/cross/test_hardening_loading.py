@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hostile_dists import FORKER, GOODCHIP, HOOKS, PROBE_IDS, PROBES, REGISTRARS, SLOW_IMPORT
-from test_vendor_wheels import build_wheels, environment, pip_install
+from test_vendor_wheels import environment, install_projects
 
 TIMEOUT_S = "2"  # SGLANG_FL_PLUGIN_TIMEOUT of every run here
 RUN_LIMIT_S = 120  # a subprocess still running after this is a hang: the test fails
@@ -33,13 +33,11 @@ SITES = {
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hostile-wheels")
+    root = tmp_path_factory.mktemp("hostile-dists")
     dists = {d.name: d for ds in SITES.values() for d in ds}
-    build_wheels([(d.write(root / "src"), root / "dist") for d in dists.values()])
-    wheels = {w.name.split("-")[0]: w for w in (root / "dist").glob("*.whl")}
-    assert len(wheels) == len(dists)
+    projects = {name: d.write(root / "src") for name, d in dists.items()}
     for site, members in SITES.items():
-        pip_install([wheels[d.name.replace("-", "_")] for d in members], root / site)
+        install_projects([projects[d.name] for d in members], root / site)
     return {site: root / site for site in SITES}
 
 

@@ -33,7 +33,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_vendor_wheels import PYPROJECT, build_wheels, environment, pip_install, sglang_fl
+from test_vendor_wheels import PYPROJECT, environment, install_projects, sglang_fl
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # seconds per subprocess: a hang fails the test instead of waiting
@@ -293,12 +293,10 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "tests"),
     )
     jobs.append((cuda, root / "identity"))
-    build_wheels([(project, out / "dist") for project, out in jobs])
     result = {}
     for site in ("identity", "output", "names", "chain"):
-        wheels = sorted((root / site / "dist").glob("*.whl"))
-        pip_install(wheels, root / site / "site")
-        result[site] = root / site / "site"
+        members = [project for project, out in jobs if out == root / site]
+        result[site] = install_projects(members, root / site / "site")
     return result
 
 

@@ -28,7 +28,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_vendor_wheels import PYPROJECT, build_wheels, environment, pip_install
+from test_vendor_wheels import PYPROJECT, environment, install_projects
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = "2"  # SGLANG_FL_PLUGIN_TIMEOUT of every run
@@ -280,9 +280,9 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "tests"),
     )
     jobs.append((cuda, root / "review" / "dist"))
-    build_wheels(jobs)
     for site in SITES:
-        pip_install(sorted((root / site / "dist").glob("*.whl")), root / site / "site")
+        members = [project for project, out in jobs if out == root / site / "dist"]
+        install_projects(members, root / site / "site")
     # pluggy 1.6 over the venv's: its pm.register() reads every attribute dir() lists.
     pluggy = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",

@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_vendor_wheels import build_wheels, pip_install, sglang_fl, sglang_fl_json, write_project
+from test_vendor_wheels import install_projects, sglang_fl, sglang_fl_json, write_project
 
 FIRST_PLATFORM = "sglang_fl_firstchip.platform:FirstPlatform"
 SECOND_PLATFORM = "sglang_fl_secondchip.platform:SecondPlatform"
@@ -124,11 +124,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_project(root / "src", name, version, textwrap.dedent(source))
         for name, (version, source) in PLUGINS.items()
     ]
-    build_wheels([(project, root / "dist") for project in projects])
-    wheels = sorted((root / "dist").glob("*.whl"))
-    assert len(wheels) == len(PLUGINS)
-    pip_install(wheels, root / "site")
-    return root / "site"
+    site = install_projects(projects, root / "site")
+    assert len(list(site.glob("*.dist-info"))) == len(PLUGINS)
+    return site
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""Vendor wheels built and installed for real, next to the installed core, as users get them.
+"""Vendor distributions installed next to the installed core, as users get them.
 
-Throwaway vendor projects are written here, built with ``python -m build --no-isolation
---wheel``, installed with ``pip install --target``, and inspected through the ``sglang-fl`` CLI
-and the Python API in fresh interpreters whose ``PYTHONPATH`` is that target directory:
+Throwaway vendor projects are written here, installed into a site directory of their own (as
+their wheels would install: ``installed_dists.install_project``), and inspected through the
+``sglang-fl`` CLI and the Python API in fresh interpreters whose ``PYTHONPATH`` is that site:
 
 - ``goodchip``: a working vendor (all three ops, available; rms_norm declines float16);
 - ``brokenimport``: its module imports an SDK that is not installed;
@@ -12,8 +12,10 @@ and the Python API in fresh interpreters whose ``PYTHONPATH`` is that target dir
 - ``seedchip`` (entry point ``my_chip``): the seed page's vendor code unchanged
   (``register_builtins``, ``functools.wraps`` wrappers carrying ``_is_available``), packaged.
 
-Also the issue's "done when": core + the template wheel built from ``vendors/template``.
-Run by ``nox -s cross`` (a venv holding only the core wheel, pytest, build and setuptools).
+Also the issue's "done when": core + the template wheel, built for real from ``vendors/template``
+with ``python -m build`` and installed with ``pip install --target``: the packaging path a chip
+maker takes. Run by ``nox -s cross`` (a venv holding only the core wheel, pytest, build and
+setuptools).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from installed_dists import install_project
 
 from sglang_fl.ops import STANDARD_OPS
 
@@ -313,29 +316,16 @@ def write_project(root: Path, name: str, version: str, source: str) -> Path:
     return project
 
 
-def build_wheels(jobs: list[tuple[Path, Path]]) -> None:
-    """``python -m build --no-isolation --wheel`` for each ``(project, outdir)``, all at once."""
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "build",
-                "--no-isolation",
-                "--wheel",
-                "--outdir",
-                str(out),
-                str(project),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for project, out in jobs
-    ]
-    for (project, _), process in zip(jobs, processes, strict=True):
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, f"building {project.name} failed:\n{output}"
+def build_wheel(project: Path, out: Path) -> Path:
+    """``python -m build --no-isolation --wheel``: the real packaging path; returns the wheel."""
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(out),
+         str(project)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"building {project.name} failed:\n{done.stdout}{done.stderr}"
+    (wheel,) = out.glob("*.whl")
+    return wheel
 
 
 def pip_install(wheels: list[Path], target: Path) -> None:
@@ -352,6 +342,13 @@ def pip_install(wheels: list[Path], target: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def install_projects(projects: list[Path], site: Path) -> Path:
+    """Each project installed into ``site`` as its wheel would install it; returns ``site``."""
+    for project in projects:
+        install_project(project, site)
+    return site
+
+
 @pytest.fixture(scope="session")
 def installs(tmp_path_factory) -> dict[str, Path]:
     """``mixed``: the four throwaway vendors; ``template``: only the template wheel."""
@@ -364,18 +361,13 @@ def installs(tmp_path_factory) -> dict[str, Path]:
         template,
         ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "tests"),
     )
-    build_wheels(
-        [(p, root / "dist-mixed") for p in projects] + [(template, root / "dist-template")]
-    )
-    mixed_wheels = sorted((root / "dist-mixed").glob("*.whl"))
-    assert [w.name.split("-")[0] for w in mixed_wheels] == [
-        f"sglang_fl_{n}" for n in sorted((*OURS, "seedchip"))
-    ]
-    template_wheels = sorted((root / "dist-template").glob("*.whl"))
-    assert [w.name for w in template_wheels] == ["sglang_fl_template-0.1.0-py3-none-any.whl"]
     targets = {"mixed": root / "site-mixed", "template": root / "site-template"}
-    pip_install(mixed_wheels, targets["mixed"])
-    pip_install(template_wheels, targets["template"])
+    install_projects(projects, targets["mixed"])
+    installed = sorted(p.name.split("-")[0] for p in targets["mixed"].glob("*.dist-info"))
+    assert installed == [f"sglang_fl_{n}" for n in sorted((*OURS, "seedchip"))]
+    template_wheel = build_wheel(template, root / "dist-template")
+    assert template_wheel.name == "sglang_fl_template-0.1.0-py3-none-any.whl"
+    pip_install([template_wheel], targets["template"])
     return targets
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_processes import install_wheel_from_source
+from sglang_processes import install_source
 
 __all__ = ["PLUGIN", "RAISE_MESSAGE", "VENDOR_IMPL_ID", "backend_vendor_site"]
 
@@ -78,4 +78,4 @@ def backend_vendor_site(root: Path) -> Path:
     (source / "sglang_fl_wholebackend").mkdir(parents=True)
     (source / "sglang_fl_wholebackend" / "__init__.py").write_text(VENDOR_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    return install_wheel_from_source(source, root)
+    return install_source(source, root)

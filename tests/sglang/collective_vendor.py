@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sglang_processes import install_wheel_from_source
+from sglang_processes import install_source
 
 __all__ = ["collective_vendor_site", "on_path"]
 
@@ -106,7 +106,7 @@ def collective_vendor_site(root: Path) -> Path:
     (source / "sglang_fl_cvendor").mkdir(parents=True)
     (source / "sglang_fl_cvendor" / "__init__.py").write_text(MODULE)
     (source / "pyproject.toml").write_text(PYPROJECT)
-    return install_wheel_from_source(source, root)
+    return install_source(source, root)
 
 
 def on_path(site: Path) -> str:

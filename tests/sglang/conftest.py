@@ -11,22 +11,63 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from real_model import prepare
-from tiny_models import build_tiny_model
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "support"))  # installed_dists: throwaway plugins
 
+from engines import Engine, EnginePool, by_engine, model_path, spec_of  # noqa: E402
+from real_model import prepare  # noqa: E402
+from sglang_processes import ENGINE_STARTS  # noqa: E402
+from tiny_models import hf_greedy  # noqa: E402
 
 # Importing SGLang's layers already resolves SGLang's platform, which asks sglang-fl's platform
 # entry point and so loads the sglang-fl runtime: the log must be configured before any test
 # module imports SGLang, hence at conftest import time.
 _IN_PROCESS_LOG = Path(tempfile.mkdtemp(prefix="sglang-fl-tests-")) / "in-process.jsonl"
 os.environ["SGLANG_FL_DISPATCH_LOG"] = str(_IN_PROCESS_LOG)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "engine(spec): the test runs against the shared SGLang engine of this EngineSpec "
+        "(tests/sglang/engines.py); tests of one spec run together",
+    )
+    config.addinivalue_line(
+        "markers",
+        "matrix: the matrix tier (nox -s sglang_matrix): TP/PP ranks and the engines of models "
+        "other than the default tiny Llama; given automatically to tests of such an EngineSpec",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each engine configuration's tests together, so that each engine starts once; tests of a
+    matrix-tier configuration marked ``matrix``."""
+    for item in items:
+        spec = spec_of(item)
+        if spec is not None and spec.matrix:
+            item.add_marker(pytest.mark.matrix)
+    items[:] = list(by_engine(items))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many SGLang engines this session started, and which: the suite's main cost."""
+    if not ENGINE_STARTS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("SGLang engine starts")
+    shared = [name for name in ENGINE_STARTS if not name.startswith(("engine_run", "launch_"))]
+    write(f"{len(ENGINE_STARTS)} engine starts ({len(shared)} shared configurations)")
+    for name in ENGINE_STARTS:
+        write(f"  {name}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -57,13 +98,54 @@ def router(dispatch_log: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny Llama and Qwen2 checkpoints, built offline once per test session."""
-    root = tmp_path_factory.mktemp("models")
-    return {arch: build_tiny_model(root / arch, arch) for arch in ("llama", "qwen2")}
+def models() -> dict[str, Path]:
+    """Tiny Llama and Qwen2 checkpoints, built offline (once, into the tests' cache)."""
+    return {arch: model_path(arch) for arch in ("llama", "qwen2")}
 
 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """SmolLM2-135M-Instruct as a float32 checkpoint: fetched and converted on first use."""
     return prepare()
+
+
+@pytest.fixture(scope="session")
+def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool]:
+    """The session's shared engines (``engines.py``): one alive at a time, stopped at the end."""
+    pool = EnginePool(tmp_path_factory.mktemp("engines"))
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest, engine_pool: EnginePool) -> Engine:
+    """The running engine of the test's spec (``@pytest.mark.engine(spec)`` or an indirect
+    ``engine`` parameter)."""
+    spec = spec_of(request.node)
+    if spec is None:
+        raise pytest.UsageError(
+            f"{request.node.nodeid} uses the engine fixture without an EngineSpec: mark it "
+            "@pytest.mark.engine(spec) or parametrize engine indirectly"
+        )
+    return engine_pool.get(spec)
+
+
+_ORACLE: dict[tuple[str, tuple[str, ...], int, bool], list[list[int]]] = {}
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Callable[..., list[list[int]]]:
+    """``oracle(model, prompts, max_new_tokens, stop_at_eos=False)``: transformers' greedy token
+    ids for a named model (``engines.model_path``), computed once per session."""
+
+    def greedy(
+        model: str, prompts: list[str], max_new_tokens: int, stop_at_eos: bool = False
+    ) -> list[list[int]]:
+        key = (model, tuple(prompts), max_new_tokens, stop_at_eos)
+        if key not in _ORACLE:
+            _ORACLE[key] = hf_greedy(
+                model_path(model), prompts, max_new_tokens, stop_at_eos=stop_at_eos
+            )
+        return _ORACLE[key]
+
+    return greedy

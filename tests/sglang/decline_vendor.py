@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_processes import install_wheel_from_source
+from sglang_processes import install_source
 
 __all__ = [
     "DECLINE_IMPL_ID",
@@ -111,7 +111,7 @@ def _install(root: Path, distribution: str, entry_point: str, package: str, modu
     (source / package).mkdir(parents=True)
     (source / package / "__init__.py").write_text(module)
     (source / "pyproject.toml").write_text(_pyproject(distribution, entry_point, package))
-    return install_wheel_from_source(source, root)
+    return install_source(source, root)
 
 
 def decline_vendor_site(root: Path) -> Path:

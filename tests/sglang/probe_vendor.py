@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_processes import install_wheel_from_source
+from sglang_processes import install_source
 
 __all__ = ["probe_vendor_site"]
 
@@ -86,4 +86,4 @@ def probe_vendor_site(root: Path) -> Path:
     (source / "sglang_fl_probe" / "__init__.py").write_text(VENDOR_MODULE)
     (source / "sglang_fl_probe" / "platform.py").write_text(VENDOR_PLATFORM_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    return install_wheel_from_source(source, root)
+    return install_source(source, root)

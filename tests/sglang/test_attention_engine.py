@@ -1,123 +1,127 @@
-"""SGLang's ``sglang_fl`` attention backend end to end: the tokens of ``torch_native``, and why.
+"""SGLang's ``sglang_fl`` attention backend end to end: transformers' tokens, and why.
 
-Per tiny model (Llama, Qwen3, Gemma-3 with an 8-token sliding window on one layer), one
-subprocess starts one engine per backend in turn (``attention_run.py``) and generates short
-prompts, a prompt spanning several prefill chunks and requests sharing a long prefix sent one
-after another (radix-cache hits); ``sglang_fl`` must give exactly ``torch_native``'s greedy
-tokens in every scenario, and the scheduler's dispatch report must name the implementation of
-each op in every attention layer. Then the bad inputs: an unknown backend name gets SGLang's
-own error; a vendor kernel that declines is replaced by the next candidate and the report says
-why; ``SGLANG_FL_STRICT=1`` makes that decline an error naming the op and the implementation.
+On the shared engines of the tiny Llama and Qwen3 (``configurations.py``), the scenarios of
+``attention_scenarios.py`` (short prompts, a prompt spanning several prefill chunks, requests
+sharing a long prefix that hit the radix cache) must give exactly transformers' greedy tokens,
+and the scheduler's dispatch report must name the implementation of each op in every attention
+layer. Gemma-3's 8-token sliding window is the subtle translation: there SGLang's own run
+(``torch_native`` attention, ``forward_native`` layers) is the oracle. TP=2 gives each rank its
+own kernels for its heads. An unknown backend name gets SGLang's own error. What happens when a
+kernel declines (the next candidate serves, or ``SGLANG_FL_STRICT=1`` makes it an error) is
+tested on SGLang's real pools without an engine (``test_attention_selection.py``).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from attention_run import CHUNK
-from decline_vendor import DECLINE_IMPL_ID, DECLINE_REASON, decline_vendor_site
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-from tiny_models import build_tiny_model
-
-from sglang_fl.dispatch_report import read_log
+from attention_scenarios import SCENARIOS, run_scenarios, transformers_scenarios
+from configurations import CHUNK, GEMMA3, GEMMA3_SGLANG, LLAMA, LLAMA_TP2, QWEN3
+from engines import Engine, EngineSpec
+from sglang_processes import ENGINE_TIMEOUT_S, clean_env
 
 pytest.importorskip("sglang")
 
-BACKENDS = ("torch_native", "sglang_fl")
 ATTENTION_OPS = ("store_kv_cache", "decode_attention", "extend_attention")
 NUM_LAYERS = 2
-SCENARIOS = ("short", "long", "shared")
-# torch_native's results per architecture, from the runs fixture (one engine per backend).
-_NATIVE: dict[str, dict[str, Any]] = {}
+# Scenario results per engine spec: the Gemma-3 comparison needs both of its engines' runs.
+_RUNS: dict[EngineSpec, dict[str, Any]] = {}
 
 
-def _run(model: Path, log: Path, *backends: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``attention_run.py`` in a clean environment, with a hard timeout."""
-    return subprocess.run(
-        [sys.executable, str(HERE / "attention_run.py"), str(model), *backends],
-        env=clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env),
-        capture_output=True,
-        text=True,
-        timeout=2 * ENGINE_TIMEOUT_S,
-    )
+def scenarios_of(engine: Engine) -> dict[str, Any]:
+    if engine.spec not in _RUNS:
+        _RUNS[engine.spec] = run_scenarios(engine)
+    return _RUNS[engine.spec]
 
 
-def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    if proc.returncode != 0:
-        raise AssertionError(f"engine failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
-
-
-def _attention_rows(log: Path) -> list[dict[str, Any]]:
+def attention_rows(engine: Engine) -> list[dict[str, Any]]:
     """The attention backend's layer records, from the scheduler process(es) only."""
     return [
         r
-        for r in read_log(log)
+        for r in engine.records()
         if r["event"] == "layer"
         and r.get("attention_backend") == "sglang_fl"
         and str(r.get("proctitle") or "").startswith("sglang::scheduler")
     ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3_swa"])
-def runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, dict[str, Any], Path]:
-    arch = request.param
-    root = tmp_path_factory.mktemp(arch)
-    model = build_tiny_model(root / "model", arch)
-    log = root / "dispatch.jsonl"
-    result = _result(_run(model, log, *BACKENDS))
-    _NATIVE[arch] = result["backends"]["torch_native"]
-    return arch, result, log
-
-
-def test_sglang_fl_gives_torch_natives_tokens(runs: tuple[str, dict[str, Any], Path]) -> None:
-    arch, result, _ = runs
-    native, ours = result["backends"]["torch_native"], result["backends"]["sglang_fl"]
-    for scenario in SCENARIOS:
-        assert ours[scenario] == native[scenario], f"{arch}: {scenario} prompts differ"
-        assert all(len(ids) > 0 for ids in ours[scenario])
-    # The long prompt really spans several chunks, and the shared prefix really hit the cache.
+def assert_real_scenarios(ours: dict[str, Any]) -> None:
+    """The long prompt really spans several chunks; the shared prefix really hit the cache."""
     assert ours["long_prompt_tokens"] > 3 * CHUNK
     assert ours["shared_cached_tokens"][0] == 0
     assert all(cached >= 2 * CHUNK for cached in ours["shared_cached_tokens"][1:])
+    for scenario in SCENARIOS:
+        assert all(len(ids) > 0 for ids in ours[scenario])
 
 
-def test_report_names_the_kernels_of_every_attention_layer(
-    runs: tuple[str, dict[str, Any], Path],
+@pytest.mark.parametrize("engine", [LLAMA, QWEN3], indirect=True, ids=["llama", "qwen3"])
+def test_sglang_fl_gives_transformers_tokens(engine: Engine, oracle) -> None:
+    ours = scenarios_of(engine)
+    want = transformers_scenarios(oracle, engine.spec.model)
+    for scenario in SCENARIOS:
+        assert ours[scenario] == want[scenario], f"{engine.spec.id}: {scenario} prompts differ"
+    assert_real_scenarios(ours)
+
+
+@pytest.mark.engine(GEMMA3_SGLANG)
+def test_gemma3_sglangs_own_run(engine: Engine) -> None:
+    """SGLang's own paths on Gemma-3: the oracle of the routed run, and nothing routed."""
+    scenarios_of(engine)
+    rows = engine.records()
+    assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
+    routed = [r for r in rows if r["event"] == "layer" and r["runner"] == "sglang-fl"]
+    assert routed == [], "SGLang's forced backend and torch_native win over sglang-fl's route"
+
+
+@pytest.mark.engine(GEMMA3)
+def test_sglang_fl_gives_sglangs_own_tokens_with_a_sliding_window(
+    engine: Engine, engine_pool: Any
 ) -> None:
-    arch, _, log = runs
-    rows = _attention_rows(log)
+    ours = scenarios_of(engine)
+    if GEMMA3_SGLANG not in _RUNS:  # run alone (-k): SGLang's own engine first
+        scenarios_of(engine_pool.get(GEMMA3_SGLANG))
+    own = _RUNS[GEMMA3_SGLANG]
+    for scenario in SCENARIOS:
+        assert ours[scenario] == own[scenario], f"gemma3: {scenario} prompts differ"
+    assert_real_scenarios(ours)
+
+
+@pytest.mark.parametrize(
+    "engine", [LLAMA, QWEN3, GEMMA3], indirect=True, ids=["llama", "qwen3", "gemma3"]
+)
+def test_report_names_the_kernels_of_every_attention_layer(engine: Engine) -> None:
+    scenarios_of(engine)
+    rows = attention_rows(engine)
     served = {(r["layer_id"], r["op"]): r for r in rows}
-    assert len(served) == len(rows), f"{arch}: more than one record per layer and op: {rows}"
+    assert len(served) == len(rows), f"{engine.spec.id}: more than one record per layer and op"
     assert set(served) == {(i, op) for i in range(NUM_LAYERS) for op in ATTENTION_OPS}
     for (_, op), row in served.items():
         assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"reference.{op}"), row
         assert row["layer"] == f"sglang.srt.layers.radix_attention.RadixAttention[{op}]"
         assert isinstance(row["pid"], int)
-    handoffs = [r for r in read_log(log) if r["event"] == "handoff" and r.get("attention_backend")]
+    handoffs = [
+        r for r in engine.records() if r["event"] == "handoff" and r.get("attention_backend")
+    ]
     assert handoffs == []
 
 
-def test_tensor_parallel_ranks_give_torch_natives_tokens(llama: Path, tmp_path: Path) -> None:
+@pytest.mark.engine(LLAMA_TP2)
+def test_tensor_parallel_ranks_give_transformers_tokens(engine: Engine, oracle) -> None:
     """TP=2 on the CPU (one NUMA node, a core per rank): each rank's backend binds its own
-    kernels for its heads, and the tokens are torch_native's at TP=2."""
-    log = tmp_path / "dispatch.jsonl"
-    proc = _run(llama, log, *BACKENDS, "--tp", "2", SGLANG_CPU_OMP_THREADS_BIND="0|1")
-    result = _result(proc)["backends"]
+    kernels for its heads, and the tokens are transformers'."""
+    ours = scenarios_of(engine)
+    want = transformers_scenarios(oracle, "llama")
     for scenario in SCENARIOS:
-        assert result["sglang_fl"][scenario] == result["torch_native"][scenario], scenario
-    ranks = {r["proctitle"] for r in _attention_rows(log)}
+        assert ours[scenario] == want[scenario], scenario
+    rows = attention_rows(engine)
+    ranks = {r["proctitle"] for r in rows}
     assert ranks == {"sglang::scheduler_TP0", "sglang::scheduler_TP1"}
     for rank in ranks:
-        served = {(r["layer_id"], r["op"]) for r in _attention_rows(log) if r["proctitle"] == rank}
+        served = {(r["layer_id"], r["op"]) for r in rows if r["proctitle"] == rank}
         assert served == {(i, op) for i in range(NUM_LAYERS) for op in ATTENTION_OPS}
 
 
@@ -142,58 +146,3 @@ def test_unknown_backend_name_gets_sglangs_own_error(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "invalid choice: 'sglang_fll'" in proc.stderr, proc.stderr[-3000:]
     assert "'sglang_fl'" in proc.stderr
-
-
-@pytest.fixture(scope="module")
-def decline_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return decline_vendor_site(tmp_path_factory.mktemp("decline"))
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("llama") / "model", "llama")
-
-
-def test_a_declining_vendor_kernel_falls_back_and_the_report_says_why(
-    decline_site: Path, llama: Path, tmp_path: Path
-) -> None:
-    log = tmp_path / "dispatch.jsonl"
-    declined = _result(_run(llama, log, "sglang_fl", PYTHONPATH=_path(decline_site)))
-    native = _NATIVE.get("llama")
-    if native is None:  # run alone (-k): one more engine
-        native = _result(_run(llama, tmp_path / "native.jsonl", "torch_native"))["backends"]
-        native = native["torch_native"]
-    for scenario in SCENARIOS:
-        assert declined["backends"]["sglang_fl"][scenario] == native[scenario], scenario
-    rows = _attention_rows(log)
-    decode = [r for r in rows if r["op"] == "decode_attention"]
-    assert {r["impl_id"] for r in decode} == {DECLINE_IMPL_ID}  # chosen: it ranks first
-    assert all(r["fallbacks"] == ["reference.decode_attention"] for r in decode)
-    fallbacks = [r for r in read_log(log) if r["event"] == "fallback"]
-    assert fallbacks, "the decline was not reported"
-    assert {(r["op"], r["impl_id"], r["next_impl_id"], r["reason"]) for r in fallbacks} == {
-        ("decode_attention", DECLINE_IMPL_ID, "reference.decode_attention", DECLINE_REASON)
-    }
-
-
-def test_strict_mode_makes_a_decline_an_error_naming_op_and_impl(
-    decline_site: Path, llama: Path, tmp_path: Path
-) -> None:
-    proc = _run(
-        llama,
-        tmp_path / "dispatch.jsonl",
-        "sglang_fl",
-        PYTHONPATH=_path(decline_site),
-        SGLANG_FL_STRICT="1",
-    )
-    assert proc.returncode != 0
-    text = proc.stdout + proc.stderr
-    assert "StrictModeError" in text, text[-4000:]
-    assert f"{DECLINE_IMPL_ID} declined a call of decode_attention" in text
-    assert DECLINE_REASON in text
-
-
-def _path(site: Path) -> str:
-    import os
-
-    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)

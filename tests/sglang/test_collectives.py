@@ -2,9 +2,10 @@
 
 ``group_run.py`` drives SGLang's own ``GroupCoordinator`` in 2 processes (no engine: cheap),
 so every routed collective is called on every rank, including ``send``/``recv`` (pipeline
-parallelism's path, tested directly; see the note on PP below). One TP=2 engine with a
-third-party collective library (``collective_vendor.py``, a real wheel) checks the whole
-path: transformers' greedy tokens, and both scheduler ranks served by the vendor.
+parallelism's path, tested directly; see the note on PP below). The shared multi-rank engines
+(``configurations.py``: TP=2 Llama and Qwen3-MoE, PP=2 Llama) with a third-party collective
+library (``collective_vendor.py``) check the whole path: transformers' greedy tokens, and every
+scheduler rank served by the vendor.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from collective_vendor import collective_vendor_site, on_path
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env
-from tiny_models import build_tiny_model, hf_greedy
+from collective_vendor import on_path
+from configurations import LLAMA_PP2, LLAMA_TP2, QWEN3_MOE_TP2
+from engines import Engine, EnginePool
+from sglang_processes import HERE, clean_env
 
 from sglang_fl.dispatch_report import read_log
 from sglang_fl.integrations.sglang.collectives import METHODS, TENSOR_DICTS
@@ -97,8 +99,8 @@ def test_the_reference_serves_every_collective_on_every_rank(tmp_path: Path) -> 
 
 
 @pytest.fixture(scope="module")
-def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return collective_vendor_site(tmp_path_factory.mktemp("cvendor"))
+def vendor_site(engine_pool: EnginePool) -> Path:
+    return engine_pool.site("cvendor")
 
 
 def vendor_lines(path: Path) -> list[dict[str, Any]]:
@@ -190,44 +192,26 @@ PROMPTS = ["def main():", "class Config:"]
 MAX_NEW_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe")
-
-
-def run_tp2_engine(model: Path, vendor_site: Path, tmp_path: Path) -> dict[str, Any]:
-    """TP=2: two scheduler ranks, one core each, the vendor on both. Returns the engine's
-    result plus ``schedulers`` (pid -> title), the dispatch log's ``rows`` and the vendor's
-    first-call records on the ``tp`` group as ``called`` (pid, op) pairs."""
-    log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
-    env = clean_env(
-        SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=on_path(vendor_site),
-        COLLECTIVE_VENDOR_OUT=str(out),
-        SGLANG_CPU_OMP_THREADS_BIND="0|1",
-    )
-    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(model)]
-    proc = subprocess.run(
-        [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--tp", "2"],
-        env=env,
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows = read_log(log)
-    result["rows"] = rows
-    result["schedulers"] = {
-        r["pid"]: r["proctitle"]
-        for r in rows
-        if str(r.get("proctitle") or "").startswith("sglang::scheduler")
+def ranks_run(engine: Engine) -> dict[str, Any]:
+    """Greedy ``PROMPTS`` on a multi-rank engine: its ``output_ids``, the scheduler ranks
+    (``schedulers``: pid -> title), the dispatch log's ``rows`` and the vendor's first-call
+    records on the ``tp`` group as ``called`` (pid, op) pairs."""
+    outputs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
+    rows = engine.records()
+    vendor = vendor_lines(engine.workdir / "vendor.jsonl")
+    return {
+        "output_ids": [out["output_ids"] for out in outputs],
+        "rows": rows,
+        "schedulers": {
+            r["pid"]: r["proctitle"]
+            for r in rows
+            if str(r.get("proctitle") or "").startswith("sglang::scheduler")
+        },
+        "called": {
+            (r["pid"], r["op"]) for r in vendor if "op" in r and r["group"].startswith("tp")
+        },
+        "vendor": vendor,
     }
-    result["called"] = {
-        (r["pid"], r["op"]) for r in vendor_lines(out) if "op" in r and r["group"].startswith("tp")
-    }
-    return result
 
 
 def assert_both_ranks_served(result: dict[str, Any], ops: set[str]) -> None:
@@ -243,53 +227,39 @@ def assert_both_ranks_served(result: dict[str, Any], ops: set[str]) -> None:
     assert {(pid, op) for pid in schedulers for op in ops} <= result["called"], result["called"]
 
 
+@pytest.mark.engine(LLAMA_TP2)
 def test_tp2_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
-    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+    engine: Engine, oracle
 ) -> None:
     """TP=2 tiny Llama: the tensor-parallel all-reduces run through the vendor on both."""
-    result = run_tp2_engine(models["llama"], vendor_site, tmp_path)
-    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
+    result = ranks_run(engine)
+    assert result["output_ids"] == oracle("llama", PROMPTS, MAX_NEW_TOKENS)
     assert_both_ranks_served(result, {"all_reduce"})
 
 
+@pytest.mark.engine(QWEN3_MOE_TP2)
 def test_tp2_moe_engine_keeps_transformers_tokens_with_a_vendor_serving_both_ranks(
-    qwen3_moe: Path, vendor_site: Path, tmp_path: Path
+    engine: Engine, oracle
 ) -> None:
     """TP=2 tiny Qwen3-MoE: each rank holds half of every expert's MLP; the attention and
     expert outputs are all-reduced through the vendor on both ranks."""
-    result = run_tp2_engine(qwen3_moe, vendor_site, tmp_path)
-    want = hf_greedy(qwen3_moe, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True)
+    result = ranks_run(engine)
+    want = oracle("qwen3_moe", PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True)
     assert result["output_ids"] == want
     assert_both_ranks_served(result, {"all_reduce"})
 
 
+@pytest.mark.engine(LLAMA_PP2)
 def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
-    models: dict[str, Path], vendor_site: Path, tmp_path: Path
+    engine: Engine, oracle
 ) -> None:
     """PP=2 runs on the CPU in SGLang 0.5.23: two stages, tokens as transformers'. The
     pipeline moves activations with ``send_tensor_dict``/``recv_tensor_dict``; routed, their
     tensors travel through the vendor's ``send`` on the first stage and its ``recv`` on the
     last, on both ranks' ``pp`` group."""
-    log, out = tmp_path / "dispatch.jsonl", tmp_path / "vendor.jsonl"
-    env = clean_env(
-        SGLANG_FL_DISPATCH_LOG=str(log),
-        PYTHONPATH=on_path(vendor_site),
-        COLLECTIVE_VENDOR_OUT=str(out),
-        SGLANG_CPU_OMP_THREADS_BIND="0|1",
-    )
-    command = [sys.executable, str(HERE / "tp_engine_run.py"), str(models["llama"])]
-    proc = subprocess.run(
-        [*command, str(MAX_NEW_TOKENS), *PROMPTS, "--pp", "2"],
-        env=env,
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["output_ids"] == hf_greedy(models["llama"], PROMPTS, MAX_NEW_TOKENS)
-    rows = read_log(log)
+    result = ranks_run(engine)
+    assert result["output_ids"] == oracle("llama", PROMPTS, MAX_NEW_TOKENS)
+    rows = result["rows"]
     stages = {
         r["pid"] for r in rows if str(r.get("proctitle") or "").startswith("sglang::scheduler_PP")
     }
@@ -300,7 +270,7 @@ def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
         assert (row["runner"], row["impl_id"]) == ("sglang-fl", f"vendor.cvendor.{row['op']}")
         assert row["also_serves"] == [f"GroupCoordinator.{row['op']}_tensor_dict"]
     # The vendor's own record of its first calls: the activations went through its library.
-    called = {(r["pid"], r["rank"], r["op"]) for r in vendor_lines(out) if "op" in r}
+    called = {(r["pid"], r["rank"], r["op"]) for r in result["vendor"] if "op" in r}
     pp_calls = {(rank, op) for pid, rank, op in called if pid in stages}
     assert {(0, "send"), (1, "recv")} <= pp_calls, called
     assert {pid for pid, _, op in called if op in ("send", "recv")} == stages, called

@@ -1,32 +1,26 @@
-"""SGLang end to end on the CPU through sglang-fl: Engine, HTTP server, a vendor wheel.
+"""SGLang end to end on the CPU through sglang-fl: Engine, routed layers, a vendor wheel.
 
-Each engine runs in its own subprocess (``engine_run.py``) with its own dispatch log, so the
-log shows what SGLang's spawned scheduler process really ran. Greedy token ids must equal
-``transformers``' and those of SGLang's own ``forward_native`` paths
-(``SGLANG_FORCE_FUSED_OP_BACKEND=torch``).
+The engines are the shared ones (``configurations.py``): each runs in its own processes with
+its own dispatch log, so the log shows what SGLang's spawned scheduler process really ran.
+Greedy token ids must equal ``transformers``'. SGLang's own forced backend
+(``SGLANG_FORCE_FUSED_OP_BACKEND=torch``) is checked in process (``test_layers.py``) and on the
+Gemma-3 and real-model engines, where it is the oracle; the HTTP server on the real model
+(``test_real_model.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
-from probe_vendor import probe_vendor_site
-from sglang_processes import (
-    STANDARD_LAYERS,
-    clean_env,
-    launch_server,
-    post_json,
-    scheduler_layers,
-)
-from sglang_processes import run_engine as run_engine_process
-from tiny_models import hf_greedy
+from configurations import LLAMA, LLAMA_VENDOR, QWEN2
+from engines import Engine
+from installed_dists import pythonpath_with
+from sglang_processes import STANDARD_LAYERS, clean_env, scheduler_layers
 
 from sglang_fl.dispatch_report import read_log
 
@@ -36,32 +30,18 @@ PROMPTS = ["def main():", "import os\nimport sys\n", "class Config:"]
 MAX_NEW_TOKENS = 12
 
 
-def run_engine(model: Path, log: Path, **env: str) -> dict[str, Any]:
-    """Greedy ``PROMPTS`` from an engine subprocess that logs its dispatch to ``log``."""
-    return run_engine_process(
-        model, MAX_NEW_TOKENS, PROMPTS, clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env)
+@pytest.mark.parametrize("engine", [LLAMA, QWEN2], indirect=True, ids=["llama", "qwen2"])
+def test_engine_generates_what_transformers_generates(engine: Engine, oracle) -> None:
+    outputs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
+    assert [out["output_ids"] for out in outputs] == oracle(
+        engine.spec.model, PROMPTS, MAX_NEW_TOKENS
     )
 
-
-@pytest.fixture(scope="module")
-def expected(models: dict[str, Path]) -> dict[str, list[list[int]]]:
-    """transformers' greedy token ids, per architecture: the ground truth."""
-    return {arch: hf_greedy(path, PROMPTS, MAX_NEW_TOKENS) for arch, path in models.items()}
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_engine_generates_what_transformers_generates(
-    arch: str, models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
-) -> None:
-    log = tmp_path / "dispatch.jsonl"
-    result = run_engine(models[arch], log)
-    assert result["output_ids"] == expected[arch]
-
-    rows = read_log(log)
+    rows = engine.records()
     plugin_pids = {r["pid"] for r in rows if r["event"] == "plugin"}
-    assert result["pid"] in plugin_pids, "the plugin loads in the main process"
+    assert engine.pid in plugin_pids, "the plugin loads in the main process"
     assert len(plugin_pids) >= 3, f"main, scheduler and detokenizer load the plugin: {rows}"
-    layers = scheduler_layers(rows, result["pid"])
+    layers = scheduler_layers(rows, engine.pid)
     for op_name, layer in STANDARD_LAYERS.items():
         row = layers.get(layer)
         assert row is not None, f"the scheduler never resolved {layer}: {sorted(layers)}"
@@ -71,18 +51,6 @@ def test_engine_generates_what_transformers_generates(
         assert row["kind"] == "reference"
         assert row["distribution"] == "sglang-fl"
     assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"
-
-
-def test_forced_torch_backend_gives_the_same_tokens_without_routing(
-    models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
-) -> None:
-    log = tmp_path / "dispatch.jsonl"
-    result = run_engine(models["llama"], log, SGLANG_FORCE_FUSED_OP_BACKEND="torch")
-    assert result["output_ids"] == expected["llama"]
-    rows = read_log(log)
-    assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
-    routed = [r for r in rows if r["event"] == "layer" and r["runner"] == "sglang-fl"]
-    assert routed == [], "SGLang's forced backend wins over sglang-fl's route"
 
 
 def run_python(script: str, **env: str) -> str:
@@ -140,52 +108,14 @@ def test_op_without_usable_implementation(strict: bool, tmp_path: Path) -> None:
         assert "no usable implementation" in row["reason"]
 
 
-# --- HTTP server ---------------------------------------------------------------------------
-
-
-def test_http_server_completions_return_the_same_tokens(
-    models: dict[str, Path], expected: dict[str, list[list[int]]], tmp_path: Path
-) -> None:
-    log = tmp_path / "dispatch.jsonl"
-    env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log))
-    with launch_server(models["llama"], tmp_path, env) as server:
-        for prompt, want in zip(PROMPTS, expected["llama"], strict=True):
-            reply = post_json(
-                f"{server.base_url}/v1/completions",
-                {
-                    "model": str(models["llama"]),
-                    "prompt": prompt,
-                    "max_tokens": MAX_NEW_TOKENS,
-                    "temperature": 0,
-                    "return_token_ids": True,
-                },
-            )
-            assert reply["choices"][0]["token_ids"] == want
-    layers = scheduler_layers(read_log(log), main_pid=server.proc.pid)
-    assert {layers[name]["runner"] for name in STANDARD_LAYERS.values()} == {"sglang-fl"}
-
-
 # --- a vendor wheel installed beside core --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probe vendor built as a real wheel and pip-installed into a directory of its own."""
-    root = tmp_path_factory.mktemp("probe-vendor")
-    return probe_vendor_site(root)
-
-
-def test_vendor_wheel_is_called_inside_the_scheduler(
-    models: dict[str, Path],
-    expected: dict[str, list[list[int]]],
-    vendor_site: Path,
-    tmp_path: Path,
-) -> None:
-    log, calls = tmp_path / "dispatch.jsonl", tmp_path / "calls.jsonl"
-    pythonpath = os.pathsep.join(filter(None, [str(vendor_site), os.environ.get("PYTHONPATH")]))
-    result = run_engine(models["llama"], log, PYTHONPATH=pythonpath, PROBE_VENDOR_CALLS=str(calls))
-    assert result["output_ids"] == expected["llama"]
-    layers = scheduler_layers(read_log(log), result["pid"])
+@pytest.mark.engine(LLAMA_VENDOR)
+def test_vendor_wheel_is_called_inside_the_scheduler(engine: Engine, oracle) -> None:
+    outputs = engine.generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
+    assert [out["output_ids"] for out in outputs] == oracle("llama", PROMPTS, MAX_NEW_TOKENS)
+    layers = scheduler_layers(engine.records(), engine.pid)
     scheduler_pids = {layers[name]["pid"] for name in STANDARD_LAYERS.values()}
     for op_name, layer in STANDARD_LAYERS.items():
         row = layers[layer]
@@ -193,24 +123,26 @@ def test_vendor_wheel_is_called_inside_the_scheduler(
         assert (row["kind"], row["vendor"]) == ("vendor", "probe")
         assert (row["distribution"], row["version"]) == ("sglang-fl-probe", "0.0.1")
         assert f"reference.{op_name}" in row["fallbacks"]
+    calls = engine.workdir / "probe-calls.jsonl"
     called = [json.loads(line) for line in calls.read_text().splitlines()]
     # Every op whose layer the scheduler routed ran on the vendor (Llama's decode steps also
-    # compute their positions through ClampPositionOp: clamp_position).
+    # compute their positions through ClampPositionOp: clamp_position). Attention is the
+    # vendor's whole backend here (test_attention_vendor_backend.py), so no attention op.
     routed = {row["op"] for row in layers.values() if row["runner"] == "sglang-fl"}
     assert routed >= set(STANDARD_LAYERS) | {"clamp_position"}
     assert {c["op"] for c in called} == routed
     assert {c["pid"] for c in called} <= scheduler_pids, "the vendor ran in the scheduler"
-    assert result["pid"] not in {c["pid"] for c in called}
+    assert engine.pid not in {c["pid"] for c in called}
 
 
-def test_platform_declared_by_a_vendor_is_what_sglang_activates(vendor_site: Path) -> None:
+def test_platform_declared_by_a_vendor_is_what_sglang_activates(engine_pool) -> None:
     script = (
         "from sglang.srt.platforms import current_platform as p; "
         "print(type(p).__qualname__, p.get_dispatch_key_name(), p.is_out_of_tree())"
     )
     last = run_python(
         script,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(vendor_site), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=pythonpath_with(engine_pool.site("probe")),
         PROBE_VENDOR_PLATFORM="sglang_fl_probe.platform:ProbePlatform",
     )
     assert last == "ProbePlatform probe True"

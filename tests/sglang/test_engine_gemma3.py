@@ -1,21 +1,19 @@
 """A tiny Gemma-3 text model generating on the CPU with every fused op routed through sglang-fl.
 
 Gemma 3 uses the ops of the second set (``GeluAndMul``, ``Gemma3RMSNorm`` for the layer and
-the q/k norms, ``ClampPositionOp`` in every decode step) beside plain rope. The dispatch report
-of SGLang's scheduler must show each fused-op class it resolved routed to sglang-fl, none left
-to SGLang for lack of an op, and the greedy tokens must equal those of the same SGLang run on
-its own ``forward_native`` paths (``SGLANG_FORCE_FUSED_OP_BACKEND=torch``).
+the q/k norms, ``ClampPositionOp`` in every decode step) beside plain rope. On the shared
+Gemma-3 engine (:data:`~configurations.GEMMA3`, an 8-token sliding window on one layer), the
+dispatch report of SGLang's scheduler must show each fused-op class it resolved routed to
+sglang-fl, none left to SGLang for lack of an op. Its greedy tokens equal those of the same
+model on SGLang's own paths (``forward_native``, ``torch_native``): ``test_attention_engine.py``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from test_engine import run_engine, scheduler_layers
-from tiny_models import build_tiny_model
-
-from sglang_fl.dispatch_report import read_log
+from configurations import GEMMA3
+from engines import Engine
+from sglang_processes import scheduler_layers
 
 pytest.importorskip("sglang")
 
@@ -27,25 +25,15 @@ GEMMA3_LAYERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "gemma3", "gemma3")
+@pytest.mark.engine(GEMMA3)
+def test_gemma3_generates_with_every_fused_op_routed(engine: Engine) -> None:
+    outputs = engine.generate(["def main():", "class Config:"], max_new_tokens=8)
+    assert all(len(out["output_ids"]) > 0 for out in outputs)
 
-
-def test_gemma3_generates_with_every_fused_op_routed(gemma3: Path, tmp_path: Path) -> None:
-    routed_log, torch_log = tmp_path / "routed.jsonl", tmp_path / "torch.jsonl"
-    routed = run_engine(gemma3, routed_log)
-    forced = run_engine(gemma3, torch_log, SGLANG_FORCE_FUSED_OP_BACKEND="torch")
-    assert routed["output_ids"] == forced["output_ids"]
-    assert all(len(ids) > 0 for ids in routed["output_ids"])
-
-    layers = scheduler_layers(read_log(routed_log), routed["pid"])
+    layers = scheduler_layers(engine.records(), engine.pid)
     for name, op in GEMMA3_LAYERS.items():
         row = layers.get(name)
         assert row is not None, f"the scheduler never resolved {name}: {sorted(layers)}"
         assert (row["runner"], row["op"], row["impl_id"]) == ("sglang-fl", op, f"reference.{op}")
     left = {name: row["reason"] for name, row in layers.items() if row["runner"] != "sglang-fl"}
     assert left == {}, f"fused ops left to SGLang: {left}"
-
-    forced_rows = read_log(torch_log)
-    assert not [r for r in forced_rows if r["event"] == "layer" and r["runner"] == "sglang-fl"]

@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from graph_layers import LAYERS
+from sglang_processes import install_source
 
 from sglang_fl.ops.graph_spec import GRAPH_SPECS
 
@@ -88,24 +89,13 @@ WORKER_TIMEOUT_S = 600
 
 @pytest.fixture(scope="module")
 def vendor_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The host-sync vendor built as a real wheel and pip-installed into its own directory."""
+    """The host-sync vendor installed into a directory of its own."""
     root = tmp_path_factory.mktemp("hostsync-vendor")
     source = root / "src"
     (source / "sglang_fl_hostsync").mkdir(parents=True)
     (source / "sglang_fl_hostsync" / "__init__.py").write_text(VENDOR_MODULE)
     (source / "pyproject.toml").write_text(VENDOR_PYPROJECT)
-    wheels, site = root / "wheels", root / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = wheels.glob("*.whl")
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300
-    )
-    return site
+    return install_source(source, root)
 
 
 def run_layers(site: Path, *layers: str, **env: str) -> dict[str, dict[str, Any]]:

@@ -3,34 +3,32 @@ through sglang-fl.
 
 Three tiny models built offline (``tiny_models``): Qwen3-Next with value/key head ratio 2
 (SGLang's fused q/k/v/z/b/a split) and ratio 3 (its torch reshuffle), and Qwen3.5 (its
-non-interleaved split and gated full attention), float32. One engine per model, started once
-per module on first use (``hybrid_run.py``, a hard timeout; ``-k`` on the model starts only
-its own), serving in order: two short prompts,
-a prompt spanning several 64-token chunks with 64-token chunked prefill, and two prompts
-sharing that long prefix (the second reuses the first's cached states through SGLang's hybrid
-radix cache). Every output must be transformers' greedy tokens; the dispatch report must show
-each GDN kernel SGLang called routed to sglang-fl and nothing left to SGLang.
+non-interleaved split and gated full attention), float32. Each model's shared engine
+(``configurations.py``) serves, one request after another: two short prompts, a prompt spanning
+several 64-token chunks with 64-token chunked prefill, and two prompts sharing that long prefix
+(the second reuses the first's cached states through SGLang's hybrid radix cache). Every output
+must be transformers' greedy tokens; the dispatch report must show each GDN kernel SGLang
+called routed to sglang-fl and nothing left to SGLang. The ratio-3 engine also carries a vendor
+whose chunked delta rule declines long calls (``test_linear_attention_engine.py``): there that
+op's chosen implementation is the vendor's.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env, scheduler_layers
-from tiny_models import build_tiny_model, hf_greedy
-
-from sglang_fl.dispatch_report import read_log
+from configurations import GDN_CHUNK, QWEN3_5, QWEN3_NEXT, QWEN3_NEXT_R3
+from decline_vendor import GDN_DECLINE_IMPL_ID
+from engines import Engine, EngineSpec, model_path
+from sglang_processes import scheduler_layers
 
 pytest.importorskip("sglang")
 
-ARCHS = ("qwen3_next", "qwen3_next_r3", "qwen3_5")
+ENGINES = [QWEN3_NEXT, QWEN3_NEXT_R3, QWEN3_5]
+IDS = ["qwen3_next", "qwen3_next_r3", "qwen3_5"]
 MAX_NEW_TOKENS = 6
-CHUNKED_PREFILL = 64
+CHUNKED_PREFILL = GDN_CHUNK
 LONG = (
     "def parse(text):\n    result = []\n    for line in text.splitlines():\n"
     "        if not line.strip():\n            continue\n"
@@ -67,76 +65,56 @@ CALLED = {
 }
 
 
-class Runs:
-    """One engine per model, started on first use (a failed start is not retried): its
-    result, the dispatch log, transformers' tokens."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.done: dict[str, dict[str, Any]] = {}
-
-    def __getitem__(self, arch: str) -> dict[str, Any]:
-        if arch not in self.done:
-            self.done[arch] = _run(self.root, arch)
-        run = self.done[arch]
-        if "error" in run:
-            pytest.fail(run["error"])
-        return run
+_RUNS: dict[EngineSpec, dict[str, Any]] = {}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("qwen3-next"))
+def run_prompts(engine: Engine) -> dict[str, Any]:
+    """``PROMPTS`` one request after another (the cache emptied first): each output's ids, its
+    cached-token count and its tokens' log-probabilities; once per engine."""
+    if engine.spec not in _RUNS:
+        engine.flush_cache()
+        outputs = [
+            engine.generate([prompt], max_new_tokens=MAX_NEW_TOKENS, return_logprob=True)[0]
+            for prompt in PROMPTS
+        ]
+        _RUNS[engine.spec] = {
+            "output_ids": [out["output_ids"] for out in outputs],
+            "cached_tokens": [out["meta_info"].get("cached_tokens", 0) for out in outputs],
+            "logprobs": [
+                [entry[0] for entry in out["meta_info"]["output_token_logprobs"]] for out in outputs
+            ],
+        }
+    return _RUNS[engine.spec]
 
 
-def _run(root: Path, arch: str) -> dict[str, Any]:
-    model = build_tiny_model(root / arch, arch)
-    log = root / f"{arch}.jsonl"
-    # SGLang keeps conv states in bfloat16 by default whatever the model dtype; float32
-    # here, so the comparison with transformers is like for like.
-    env = clean_env(SGLANG_FL_DISPATCH_LOG=str(log), SGLANG_MAMBA_CONV_DTYPE="float32")
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "hybrid_run.py"), str(model), str(MAX_NEW_TOKENS),
-         str(CHUNKED_PREFILL), *PROMPTS],
-        env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        return {"error": f"{arch} engine failed ({proc.returncode}):\n{proc.stderr[-6000:]}"}
-    return {
-        "result": json.loads(proc.stdout.strip().splitlines()[-1]),
-        "rows": read_log(log),
-        "want": hf_greedy(model, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True),
-    }
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_generates_what_transformers_generates(arch: str, runs: Runs) -> None:
-    run = runs[arch]
-    got, want = run["result"]["output_ids"], run["want"]
+@pytest.mark.parametrize("engine", ENGINES, indirect=True, ids=IDS)
+def test_generates_what_transformers_generates(engine: Engine, oracle) -> None:
+    got = run_prompts(engine)["output_ids"]
+    want = oracle(engine.spec.model, PROMPTS, MAX_NEW_TOKENS, stop_at_eos=True)
     for prompt, g, w in zip(PROMPTS, got, want, strict=True):
-        assert g == w, f"{arch}, prompt {prompt[-30:]!r}: sglang {g} != transformers {w}"
+        assert g == w, f"{engine.spec.id}, prompt {prompt[-30:]!r}: sglang {g} != transformers {w}"
 
 
-def test_long_prompt_spans_several_chunks(tmp_path: Path) -> None:
+def test_long_prompt_spans_several_chunks() -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path, ARCHS[0]))
+    tokenizer = AutoTokenizer.from_pretrained(model_path("qwen3_next"))
     assert len(tokenizer(LONG).input_ids) > 3 * CHUNKED_PREFILL
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_shared_prefix_is_served_from_the_radix_cache(arch: str, runs: Runs) -> None:
-    cached = runs[arch]["result"]["cached_tokens"]
+@pytest.mark.parametrize("engine", ENGINES, indirect=True, ids=IDS)
+def test_shared_prefix_is_served_from_the_radix_cache(engine: Engine) -> None:
+    cached = run_prompts(engine)["cached_tokens"]
     # The last two prompts extend the long one: each must reuse its cached prefix states.
     assert cached[3] >= CHUNKED_PREFILL, cached
     assert cached[4] >= CHUNKED_PREFILL, cached
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_every_gdn_kernel_runs_through_sglang_fl(arch: str, runs: Runs) -> None:
-    rows = runs[arch]["rows"]
-    pid = runs[arch]["result"]["pid"]
-    layers = scheduler_layers(rows, pid)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True, ids=IDS)
+def test_every_gdn_kernel_runs_through_sglang_fl(engine: Engine) -> None:
+    run_prompts(engine)
+    rows = engine.records()
+    layers = scheduler_layers(rows, engine.pid)
     scheduler = {r["pid"] for r in layers.values()}
     functions = [
         r
@@ -147,8 +125,12 @@ def test_every_gdn_kernel_runs_through_sglang_fl(arch: str, runs: Runs) -> None:
     assert not left, f"kernel functions left to SGLang: {left}"
     routed_ops = {r["op"] for r in functions}
     assert routed_ops >= CALLED, routed_ops
+    # The ratio-3 engine's vendor ranks above the reference for the chunked delta rule.
+    vendor = (
+        {"chunk_gated_delta_rule": GDN_DECLINE_IMPL_ID} if "gdndecline" in engine.spec.sites else {}
+    )
     for row in functions:
-        assert row["impl_id"] == f"reference.{row['op']}", row
+        assert row["impl_id"] == vendor.get(row["op"], f"reference.{row['op']}"), row
     not_routed = {name for name, row in layers.items() if row["runner"] != "sglang-fl"}
     assert not not_routed, f"fused ops left to SGLang: {not_routed}"
     assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"

@@ -2,12 +2,12 @@
 
 Accuracy: in float32 SGLang's greedy answers are token for token transformers'; in bfloat16
 they are token for token those of SGLang's own ``forward_native`` paths
-(``SGLANG_FORCE_FUSED_OP_BACKEND=torch``). Serving: SGLang's own ``launch_server`` answers the
-real ``openai`` client, plainly and streamed. Every run checks from the dispatch log that the
+(``SGLANG_FORCE_FUSED_OP_BACKEND=torch``). Serving: SGLang's own ``launch_server`` answers plain
+completions (token ids through ``/v1/completions``), its native ``/generate`` and the real
+``openai`` client, plainly and streamed. Every run checks from the dispatch log that the
 scheduler process routed the standard layers through sglang-fl. Engine start-up dominates the
-cost on 2 cores, so one engine per configuration serves all questions: a float32 server (token
-ids through SGLang's native ``/generate``, chat through the OpenAI API) and two bfloat16
-engines.
+cost on 2 cores, so one engine per configuration serves all questions: a float32 server (the
+suite's one HTTP server) and the two bfloat16 engines of ``configurations.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from configurations import SMOLLM2_BF16, SMOLLM2_BF16_SGLANG
+from engines import Engine, EnginePool
 from real_model import chat_input_ids, end_of_turn_ids, hf_greedy_chat, until_end_of_turn
 from sglang_processes import (
     STANDARD_LAYERS,
@@ -24,9 +26,9 @@ from sglang_processes import (
     clean_env,
     launch_server,
     post_json,
-    run_engine,
     scheduler_layers,
 )
+from tiny_models import hf_greedy
 
 from sglang_fl.dispatch_report import read_log
 
@@ -44,26 +46,13 @@ QUESTIONS = [
 MAX_NEW_TOKENS = 24
 
 
-def assert_scheduler_routed(log: Path, main_pid: int) -> None:
+def assert_scheduler_routed(rows: list[dict[str, Any]], main_pid: int) -> None:
     """The scheduler process ran every standard layer through sglang-fl."""
-    layers = scheduler_layers(read_log(log), main_pid)
+    layers = scheduler_layers(rows, main_pid)
     for op_name, layer in STANDARD_LAYERS.items():
         row = layers.get(layer)
         assert row is not None, f"the scheduler never resolved {layer}: {sorted(layers)}"
         assert (row["runner"], row["op"]) == ("sglang-fl", op_name), row
-
-
-def chat_engine(model: Path, log: Path, dtype: str, **env: str) -> dict[str, Any]:
-    """All ``QUESTIONS`` answered by one engine subprocess, logging its dispatch to ``log``."""
-    return run_engine(
-        model,
-        MAX_NEW_TOKENS,
-        QUESTIONS,
-        clean_env(SGLANG_FL_DISPATCH_LOG=str(log), **env),
-        "--chat",
-        "--dtype",
-        dtype,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +66,37 @@ def transformers_answers(real_model: Path) -> list[list[int]]:
     return hf_greedy_chat(real_model, chat_input_ids(real_model, QUESTIONS), MAX_NEW_TOKENS)
 
 
-def test_bfloat16_answers_are_those_of_sglang_forward_native(
-    real_model: Path, stops: set[int], tmp_path: Path
-) -> None:
-    routed_log, native_log = tmp_path / "routed.jsonl", tmp_path / "native.jsonl"
-    routed = chat_engine(real_model, routed_log, "bfloat16")
-    native = chat_engine(real_model, native_log, "bfloat16", SGLANG_FORCE_FUSED_OP_BACKEND="torch")
-    assert all(until_end_of_turn(ids, stops) for ids in routed["output_ids"])
-    assert routed["output_ids"] == native["output_ids"]
-    assert_scheduler_routed(routed_log, routed["pid"])
-    native_rows = read_log(native_log)
-    assert [r for r in native_rows if r["event"] == "plugin"], "the plugin still loads"
-    assert not [r for r in native_rows if r["event"] == "layer" and r["runner"] == "sglang-fl"], (
+def chat_answers(engine: Engine, real_model: Path) -> list[list[int]]:
+    """All ``QUESTIONS``, through the chat template, answered by one engine."""
+    ids = chat_input_ids(real_model, QUESTIONS)
+    return [
+        out["output_ids"] for out in engine.generate(input_ids=ids, max_new_tokens=MAX_NEW_TOKENS)
+    ]
+
+
+_SGLANG_OWN: list[list[list[int]]] = []
+
+
+@pytest.mark.engine(SMOLLM2_BF16_SGLANG)
+def test_bfloat16_sglangs_own_paths_route_nothing(engine: Engine, real_model: Path) -> None:
+    _SGLANG_OWN.append(chat_answers(engine, real_model))
+    rows = engine.records()
+    assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
+    assert not [r for r in rows if r["event"] == "layer" and r["runner"] == "sglang-fl"], (
         "SGLang's forced backend wins over sglang-fl's route"
     )
+
+
+@pytest.mark.engine(SMOLLM2_BF16)
+def test_bfloat16_answers_are_those_of_sglang_forward_native(
+    engine: Engine, engine_pool: EnginePool, real_model: Path, stops: set[int]
+) -> None:
+    routed = chat_answers(engine, real_model)
+    assert_scheduler_routed(engine.records(), engine.pid)
+    if not _SGLANG_OWN:  # run alone (-k): SGLang's own engine after this one
+        _SGLANG_OWN.append(chat_answers(engine_pool.get(SMOLLM2_BF16_SGLANG), real_model))
+    assert all(until_end_of_turn(ids, stops) for ids in routed)
+    assert routed == _SGLANG_OWN[0]
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +114,7 @@ def float32_server(
         yield server, log
 
 
+@pytest.mark.matrix  # the real model's server: not a shared engine
 def test_float32_answers_are_transformers_greedy_answers(
     real_model: Path,
     transformers_answers: list[list[int]],
@@ -123,9 +130,10 @@ def test_float32_answers_are_transformers_greedy_answers(
     assert all(want), f"transformers gave an empty answer: {transformers_answers}"
     assert got == want
     assert "Paris" in outputs[0]["text"]
-    assert_scheduler_routed(log, server.proc.pid)
+    assert_scheduler_routed(read_log(log), server.proc.pid)
 
 
+@pytest.mark.matrix  # the real model's server: not a shared engine
 def test_openai_client_chats_with_sglang_server(
     real_model: Path,
     transformers_answers: list[list[int]],
@@ -158,4 +166,31 @@ def test_openai_client_chats_with_sglang_server(
     assert answer.strip() == expected.strip(), "the server answers what transformers answers"
     assert len(chunks) > 1, f"the answer came in one piece, not streamed: {chunks}"
     assert "".join(chunks) == answer
-    assert_scheduler_routed(log, server.proc.pid)
+    assert_scheduler_routed(read_log(log), server.proc.pid)
+
+
+# Plain (non-chat) prompts for the completions endpoint; transformers' greedy ids are the truth.
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+COMPLETION_TOKENS = 12
+
+
+@pytest.mark.matrix  # the real model's server: not a shared engine
+def test_completions_return_transformers_token_ids(
+    real_model: Path, float32_server: tuple[Server, Path]
+) -> None:
+    server, log = float32_server
+    want = hf_greedy(real_model, PROMPTS, COMPLETION_TOKENS, stop_at_eos=True)
+    for prompt, expected in zip(PROMPTS, want, strict=True):
+        reply = post_json(
+            f"{server.base_url}/v1/completions",
+            {
+                "model": str(real_model),
+                "prompt": prompt,
+                "max_tokens": COMPLETION_TOKENS,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        )
+        assert reply["choices"][0]["token_ids"] == expected
+    layers = scheduler_layers(read_log(log), main_pid=server.proc.pid)
+    assert {layers[name]["runner"] for name in STANDARD_LAYERS.values()} == {"sglang-fl"}

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))  # tiny_models, probe_vendor
+sys.path.insert(0, str(Path(__file__).parents[1] / "support"))  # installed_dists
 
 # The runtime reads its settings once per process, when vLLM's plugin loader first calls the
 # entry point: the in-process log must be configured before any test loads it.

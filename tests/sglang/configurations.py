@@ -1,0 +1,121 @@
+"""Every SGLang engine configuration the end-to-end tests use, in one place.
+
+An engine start is the suite's main cost (see ``engines.py``), so tests share these specs
+instead of starting their own; a new test joins one of them unless it truly needs another,
+and then adds it here, saying what it serves. The summary at the end of a pytest run lists the
+engines that were started.
+
+Fast tier (``nox -s sglang``), the tiny Llama:
+
+- :data:`LLAMA`: sglang-fl's reference kernels everywhere (fused ops and the ``sglang_fl``
+  attention backend), with the observers on: the hook trace and verify mode. Small prefill
+  chunks, so a long prompt spans several.
+- :data:`LLAMA_VENDOR`: a vendor wheel serving every fused op (``probe``, recording where its
+  kernels ran) and a vendor's whole attention backend (``wholebackend``).
+- :data:`LLAMA_SKEWED`: verify mode with a vendor whose ``rms_norm`` is subtly wrong.
+
+Matrix tier (``nox -s sglang_matrix``): the other architectures, several ranks, the real model.
+"""
+
+from __future__ import annotations
+
+from engines import EngineSpec
+
+# Tokens per prefill chunk in the attention scenarios: their long prompt spans several.
+CHUNK = 16
+# Two ranks on the two cores: one OpenMP thread each, bound to its own core.
+TWO_RANKS = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+# SGLang keeps hybrid models' conv states in bfloat16 whatever the model dtype; float32 makes
+# the comparison with transformers like for like.
+FLOAT32_CONV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+VERIFY_CALLS = 3  # per layer class: the prefill and the first decode steps
+
+# --- fast tier -----------------------------------------------------------------------------
+
+LLAMA = EngineSpec.of(
+    "llama",
+    label="llama",
+    attention_backend="sglang_fl",
+    chunked_prefill_size=CHUNK,
+    env={"SGLANG_FL_TRACE": "{workdir}/trace.log", "SGLANG_FL_VERIFY": str(VERIFY_CALLS)},
+)
+LLAMA_VENDOR = EngineSpec.of(
+    "llama",
+    label="llama+vendor",
+    attention_backend="sglang_fl",
+    chunked_prefill_size=CHUNK,
+    sites=("probe", "wholebackend"),
+    env={
+        "PROBE_VENDOR_CALLS": "{workdir}/probe-calls.jsonl",
+        "BACKEND_VENDOR_CALLS": "{workdir}/backend-calls.txt",
+    },
+)
+LLAMA_SKEWED = EngineSpec.of(
+    "llama",
+    label="llama+skewed",
+    sites=("skewed",),
+    env={"SGLANG_FL_VERIFY": str(VERIFY_CALLS)},
+)
+
+# --- matrix tier ---------------------------------------------------------------------------
+
+QWEN2 = EngineSpec.of("qwen2", label="qwen2")
+QWEN3 = EngineSpec.of(
+    "qwen3", label="qwen3", attention_backend="sglang_fl", chunked_prefill_size=CHUNK
+)
+# Gemma-3 with an 8-token sliding window on one layer, routed (fused ops and attention), and
+# on SGLang's own paths (forward_native, torch_native): the window's translation is subtle, so
+# SGLang's own run is the oracle here.
+GEMMA3 = EngineSpec.of(
+    "gemma3_swa", label="gemma3", attention_backend="sglang_fl", chunked_prefill_size=CHUNK
+)
+GEMMA3_SGLANG = EngineSpec.of(
+    "gemma3_swa",
+    label="gemma3-sglang-own",
+    attention_backend="torch_native",
+    chunked_prefill_size=CHUNK,
+    env={"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"},
+)
+# Several ranks with a third-party collective library (cvendor) serving on every rank.
+_CVENDOR = {"COLLECTIVE_VENDOR_OUT": "{workdir}/vendor.jsonl", **TWO_RANKS}
+LLAMA_TP2 = EngineSpec.of(
+    "llama",
+    label="llama-tp2",
+    tp_size=2,
+    attention_backend="sglang_fl",
+    chunked_prefill_size=CHUNK,
+    sites=("cvendor",),
+    env=_CVENDOR,
+)
+LLAMA_PP2 = EngineSpec.of("llama", label="llama-pp2", pp_size=2, sites=("cvendor",), env=_CVENDOR)
+QWEN3_MOE_TP2 = EngineSpec.of(
+    "qwen3_moe", label="qwen3-moe-tp2", tp_size=2, sites=("cvendor",), env=_CVENDOR
+)
+MIXTRAL = EngineSpec.of("mixtral", label="mixtral")
+QWEN2_MOE = EngineSpec.of("qwen2_moe", label="qwen2-moe")
+# Hybrid linear attention: 64-token prefill chunks (the long prompt spans several).
+GDN_CHUNK = 64
+QWEN3_NEXT = EngineSpec.of(
+    "qwen3_next", label="qwen3-next", chunked_prefill_size=GDN_CHUNK, env=FLOAT32_CONV
+)
+# Ratio 3 (SGLang's torch reshuffle), with a vendor whose chunked delta rule declines long calls.
+QWEN3_NEXT_R3 = EngineSpec.of(
+    "qwen3_next_r3",
+    label="qwen3-next-r3+gdndecline",
+    chunked_prefill_size=GDN_CHUNK,
+    sites=("gdndecline",),
+    env={**FLOAT32_CONV, "GDN_DECLINE_SERVED_LOG": "{workdir}/served.txt"},
+)
+QWEN3_5 = EngineSpec.of(
+    "qwen3_5", label="qwen3.5", chunked_prefill_size=GDN_CHUNK, env=FLOAT32_CONV
+)
+QWEN3_NEXT_BF16 = EngineSpec.of(
+    "qwen3_next", label="qwen3-next-bf16", dtype="bfloat16", chunked_prefill_size=GDN_CHUNK
+)
+SMOLLM2_BF16 = EngineSpec.of("smollm2", label="smollm2-bf16", dtype="bfloat16")
+SMOLLM2_BF16_SGLANG = EngineSpec.of(
+    "smollm2",
+    label="smollm2-bf16-sglang-own",
+    dtype="bfloat16",
+    env={"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"},
+)
