@@ -47,6 +47,8 @@ class ReportEvent(StrEnum):
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
     COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)
     ATTENTION_BACKEND = "attention_backend"  # which SGLang attention backend serves (per runner)
+    GRAPH_RUNNER = "graph_runner"  # which graph runner captured the decode step, and what it did
+    GRAPH_REPLAY = "graph_replay"  # a captured step was compiled again at replay (once per reason)
 
 
 class Runner(StrEnum):

@@ -83,7 +83,9 @@ class GraphMode(StrEnum):
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to("cpu", torch.int64)
+    """A host copy, never the tensor itself (a host field aliasing a device field on the CPU in
+    one batch but not the next would make a compiled step recompile)."""
+    return tensor.to("cpu", torch.int64, copy=True)
 
 
 @dataclass(frozen=True)
