@@ -64,7 +64,8 @@ def _existing_sgl_kernel_fakes() -> Iterator[None]:
     def register_if_exists(op_name: str) -> Callable[[Callable[..., Any]], Any]:
         namespace = getattr(torch.ops, "sgl_kernel", None)
         if namespace is not None and hasattr(namespace, op_name):
-            return original(op_name)
+            register: Callable[[Callable[..., Any]], Any] = original(op_name)
+            return register
         return lambda fake: fake
 
     cpu_graph_runner.register_cpu_compile_fake = register_if_exists
@@ -96,7 +97,7 @@ def cpu_graph_runner_class() -> type:
 def _make_cpu_graph_runner() -> type:
     from sglang.srt.model_executor.cpu_graph_runner import CPUGraphRunner
 
-    class CpuGraphRunner(CPUGraphRunner):  # type: ignore[misc]
+    class CpuGraphRunner(CPUGraphRunner):
         """SGLang's CPU graph runner on sglang-fl's platform (see the module doc)."""
 
         def __init__(self, model_runner: Any) -> None:
