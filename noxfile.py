@@ -348,6 +348,8 @@ def lint(session: nox.Session) -> None:
     session.install("import-linter>=2.1")
     session.install("--no-deps", "-e", str(CORE), *(f"-e{VENDORS / n}" for n in VENDOR_NAMES))
     session.run("lint-imports", "--no-cache")
+    # ... and they catch what they exist for: loops planted in a copy of the sources break them.
+    session.run("python", "scripts/check_import_contracts.py")
     session.install("-r", str(DOCS_REQUIREMENTS))
     site = Path(session.create_tmp()) / "site"
     quiet = {"NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2, not a build warning

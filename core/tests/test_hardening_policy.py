@@ -181,7 +181,7 @@ def test_fallback_chain_is_iterative(caplog) -> None:
     registry.register(impl("reference.silu_and_mul", REFERENCE))
     resolution = resolve("silu_and_mul", registry, SelectionPolicy(settings()), AvailabilityCache())
     assert len(resolution.decision.fallbacks) == length
-    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.resolve"):
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.binder"):
         assert resolution.fn(None, 7) == ("ran", 7)
         assert resolution.fn(None, 8) == ("ran", 8)
     warnings = [r.getMessage() for r in caplog.records]

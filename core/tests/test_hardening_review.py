@@ -24,6 +24,7 @@ from sglang_fl import graph, guard
 from sglang_fl.cli import main
 from sglang_fl.config import Settings, append_target_problem
 from sglang_fl.dispatch.availability import AvailabilityCache
+from sglang_fl.dispatch.binder import FallbackChain
 from sglang_fl.dispatch.registry import OpRegistry
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl, Provenance
 from sglang_fl.dispatch_report import DispatchReport, ReportEvent
@@ -31,7 +32,8 @@ from sglang_fl.errors import ConfigError, RegistrationError, Unsupported
 from sglang_fl.hook_trace import trace_hook_calls
 from sglang_fl.loader import new_plugin_manager
 from sglang_fl.testing import checks
-from sglang_fl.verify import Verifier, VerifyLogError, read_verify_records, summarize
+from sglang_fl.verify import Verifier
+from sglang_fl.verify_report import VerifyLogError, read_verify_records, summarize
 
 ACME = Provenance("acme", "sglang-fl-acme", "1.0")
 
@@ -251,7 +253,8 @@ def test_verify_records_the_implementation_that_ran():
     decliner = impl("vendor.acme.decliner", fn=declines, provenance=ACME)
     fallback = impl("vendor.acme.fallback", provenance=ACME)
     verifier = Verifier(3, None, records.append)
-    fn = verifier.wrap(lambda *a: fallback.fn(*a), decliner, "Layer", chain=(decliner, fallback))
+    chain = FallbackChain("silu_and_mul", (decliner, fallback))
+    fn = verifier.wrap(chain.fn, decliner, "Layer", chain=chain)
     for _ in range(3):
         fn(None, torch.randn(4, 8))
     assert [r["impl_id"] for r in records] == ["vendor.acme.fallback"] * 3

@@ -507,20 +507,35 @@ def test_default_order_falling_through_is_silent(caplog):
     assert caplog.records == []
 
 
-def test_strict_binds_chosen_fn_directly_and_unsupported_propagates():
+def test_strict_binds_the_chosen_fn_alone_and_a_decline_is_an_error():
     def declines(obj, x):
         raise Unsupported("fp8 only")
 
     impls = [impl("vendor.cuda", VENDOR, vendor="cuda", fn=declines), *ref()]
     r = run(impls, strict="1")
-    assert r.fn is declines
+    assert [i.impl_id for i in r.chain] == ["vendor.cuda"]
     assert [i.impl_id for i in r.decision.fallbacks] == ["reference.silu"]
+    message = r"SGLANG_FL_STRICT=1: vendor\.cuda declined a call of silu_and_mul \(fp8 only\)"
+    with pytest.raises(StrictModeError, match=message) as caught:
+        r.fn(None, None)
+    assert isinstance(caught.value.__cause__, Unsupported)
+    with pytest.raises(StrictModeError, match=message):  # a binding of its own: the same rule
+        r.bind().fn(None, None)
+
+
+def test_strict_without_a_fallback_to_cut_binds_the_fn_itself():
+    def declines(obj, x):
+        raise Unsupported("fp8 only")
+
+    r = run([impl("vendor.cuda", VENDOR, vendor="cuda", fn=declines)], strict="1")
+    assert r.fn is declines  # no candidate was cut off: its decline is the caller's
     with pytest.raises(Unsupported, match="fp8 only"):
         r.fn(None, None)
 
 
-def test_strict_satisfied_explicit_choice_binds_directly():
-    fn = make_fn("cuda")
+def test_strict_satisfied_explicit_choice_binds_the_choice_alone():
+    calls = []
+    fn = make_fn("cuda", calls)
     r = run([impl("vendor.cuda", VENDOR, vendor="cuda", fn=fn), *ref()], prefer="vendor:cuda")
     assert r.decision.chosen.impl_id == "vendor.cuda"
     r = run(
@@ -528,4 +543,6 @@ def test_strict_satisfied_explicit_choice_binds_directly():
         prefer="vendor:cuda",
         strict="1",
     )
-    assert r.fn is fn
+    assert [i.impl_id for i in r.chain] == ["vendor.cuda"]
+    assert r.fn(None, None) == "cuda"
+    assert calls == ["cuda"]

@@ -60,7 +60,7 @@ def test_unsupported_hands_the_call_to_the_next_candidate_and_warns_once(caplog)
     first, second = Counter("first", "unsupported"), Counter("second")
     r = bind(first, second)
     assert r.fn is not first
-    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.resolve"):
+    with caplog.at_level(logging.WARNING, logger="sglang_fl.dispatch.binder"):
         assert r.fn(None, 3) == ("second", 3)
         assert r.fn(None, 4) == ("second", 4)
     assert (first.calls, second.calls) == (2, 2)

@@ -16,18 +16,13 @@ import pytest
 import torch
 
 from sglang_fl import ConfigError, cli
-from sglang_fl.config import Settings
+from sglang_fl.config import DEFAULT_VERIFY_CALLS, Settings
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl, Provenance
 from sglang_fl.dispatch_report import DispatchReport, ReportEvent
 from sglang_fl.ops import get_contract
 from sglang_fl.ops.contract import layer
-from sglang_fl.verify import (
-    DEFAULT_VERIFY_CALLS,
-    Verifier,
-    VerifyLogError,
-    VerifyVerdict,
-    read_verify_records,
-)
+from sglang_fl.verify import Verifier, VerifyVerdict
+from sglang_fl.verify_report import VerifyLogError, read_verify_records
 
 RMS_NORM = get_contract("rms_norm")
 ROTARY = get_contract("rotary_embedding")

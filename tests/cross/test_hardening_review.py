@@ -425,7 +425,8 @@ from sglang_fl.verify import Verifier
 report = DispatchReport(__import__("pathlib").Path(sys.argv[1]))
 resolution = sglang_fl.get_runtime().resolve("silu_and_mul")
 verifier = Verifier(3, None, lambda record: report.emit(ReportEvent.VERIFY, **record))
-fn = verifier.wrap(resolution.fn, resolution.decision.chosen, "Layer", chain=resolution.chain)
+chain = resolution.bind()
+fn = verifier.wrap(chain.fn, resolution.decision.chosen, "Layer", chain=chain)
 nan = torch.full((2, 8), float("nan"))
 for x in (torch.randn(4, 8), torch.randn(4, 8), nan):
     fn(None, x)

@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from sglang_fl import Unsupported
+from sglang_fl.dispatch.binder import FallbackChain
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 from sglang_fl.dispatch_report import DispatchReport, read_log
-from sglang_fl.integrations.sglang.linear_attention import GDN_ROUTES, _reporting_chain
+from sglang_fl.integrations.sglang.function_routes import report_declines
+from sglang_fl.integrations.sglang.linear_attention import GDN_ROUTES
 from sglang_fl.ops import get_contract
 
 ROUTES = {
@@ -130,7 +132,8 @@ def test_a_decline_is_reported_once_and_the_next_candidate_serves(tmp_path: Path
     ]
     log = tmp_path / "dispatch.jsonl"
     route = ROUTES["fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode"]
-    hook = route.adapt(_reporting_chain(route, chain, DispatchReport(log)))
+    declines = report_declines(DispatchReport(log), route.target)
+    hook = route.adapt(FallbackChain(contract.name, chain, on_decline=declines).fn)
     for case in contract.cases:
         inputs = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())
         expect = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())

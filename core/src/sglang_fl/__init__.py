@@ -1,4 +1,4 @@
-"""sglang-fl: route SGLang's fused operators to the kernels of any chip.
+"""sglang-fl: run SGLang's fused ops, attention, collectives and linear attention on any chip.
 
 The names exported here are the stable API: for plugin authors, those of :mod:`sglang_fl.types`
 (documented there); for hosts, :func:`get_runtime` and the errors. See ``docs/architecture.md``.

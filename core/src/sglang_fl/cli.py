@@ -50,7 +50,7 @@ from .schema import (
     portable_json,
     provenance_fields,
 )
-from .verify import read_verify_records, summarize
+from .verify_report import read_verify_records, summarize
 
 
 def _runtime() -> Runtime:

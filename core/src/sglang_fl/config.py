@@ -22,7 +22,6 @@ from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, i
 from .errors import ConfigError
 from .ops import SELECTIONS, STANDARD_OPS, unknown_op_message
 from .schema import ConfigurationJson
-from .verify import DEFAULT_VERIFY_CALLS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_VERIFY_CALLS",
     "ENV_PREFIX",
     "NAME_HELP",
     "SETTINGS",
@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "SGLANG_FL_"
+# ``SGLANG_FL_VERIFY=on`` (or ``true``/``yes``): calls checked per layer class.
+DEFAULT_VERIFY_CALLS = 16
 _log = logging.getLogger(__name__)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

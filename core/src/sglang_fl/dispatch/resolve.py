@@ -1,7 +1,8 @@
 """Resolution: from candidates to one bound callable and the decision record explaining it.
 
-Everything here runs once per op per process. The callable handed out is the chosen
-implementation itself, or, when a fallback exists, one closure that only catches
+Everything here runs once per op per process. The callable handed out is bound by the
+fallback binder (:class:`~sglang_fl.dispatch.binder.FallbackChain`): the chosen implementation
+itself, or, when a fallback exists, one closure that only catches
 :class:`~sglang_fl.errors.Unsupported`; no registry, policy or pluggy call per tensor call.
 """
 
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._strenum import StrEnum
-from ..errors import NoImplementationError, StrictModeError, Unsupported
+from ..errors import NoImplementationError, StrictModeError
 from ..schema import CandidateJson, DecisionJson, provenance_fields
 from .availability import AvailabilityCache
+from .binder import DeclineSink, FallbackChain
 from .policy import OrderPlan, SelectionPolicy
 from .registry import OpRegistry
 from .types import Availability, OpImpl
@@ -105,14 +107,23 @@ class Resolution:
 
     ``chain`` is what ``fn`` calls, in order: the chosen implementation, then each fallback a
     call it declines with :class:`~sglang_fl.errors.Unsupported` is handed to (the chosen one
-    alone under ``SGLANG_FL_STRICT``). Verify mode walks it to name the implementation that
-    produced each checked output.
+    alone under ``SGLANG_FL_STRICT``, ``strict``: its decline is then a
+    :class:`~sglang_fl.errors.StrictModeError`). ``fn`` logs each first decline; a caller
+    that also reports declines binds its own chain with :meth:`bind`.
     """
 
     op: str
     fn: Callable[..., Any]
     decision: Decision
     chain: tuple[OpImpl, ...] = ()
+    strict: bool = False
+
+    def bind(self, on_decline: DeclineSink | None = None) -> FallbackChain:
+        """A new binding of this decision's candidates, each first decline per implementation
+        and reason also handed to ``on_decline`` (bind once per op and process, so that a
+        report does not repeat itself)."""
+        ranked = (self.decision.chosen, *self.decision.fallbacks)
+        return FallbackChain(self.op, ranked, strict=self.strict, on_decline=on_decline)
 
 
 @dataclass(frozen=True)
@@ -197,11 +208,9 @@ def resolve_among(
         order_source=plan.source,
         candidates=(*ranked, *rejected),
     )
-    chain = [verdict.impl for verdict in ranked]
-    if policy.settings.strict:
-        chain = chain[:1]
-    fn = _bind_chain(op_name, chain)
-    return Resolution(op=op_name, fn=fn, decision=decision, chain=tuple(chain))
+    strict = policy.settings.strict
+    bound = FallbackChain(op_name, [verdict.impl for verdict in ranked], strict=strict)
+    return Resolution(op_name, bound.fn, decision, bound.impls, strict)
 
 
 def _chosen_reason(plan: OrderPlan, rank: int) -> str:
@@ -240,50 +249,3 @@ def _check_explicit_choice(
     _log.warning(
         "%s; using %s instead (SGLANG_FL_STRICT=1 makes this an error)", message, best.impl.impl_id
     )
-
-
-def _bind_chain(op_name: str, chain: list[OpImpl]) -> Callable[..., Any]:
-    """The chosen fn itself, or one closure walking the chain while candidates decline.
-
-    A loop, not nested closures: a chain of any length (a thousand plugins declining) costs
-    two stack frames, and an ``Unsupported`` handled here is not the ``__context__`` of the
-    next candidate's exceptions.
-    """
-    if len(chain) == 1:
-        return chain[0].fn
-    steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-    first, last = steps[0][1], steps[-1][1]
-    warned = [False] * (len(steps) - 1)
-
-    def declined(index: int, exc: Unsupported) -> None:
-        if not warned[index]:
-            warned[index] = True
-            _log.warning(
-                "%s: %s declined a call (%s); handing it to %s (warned once per process)",
-                op_name,
-                steps[index][0],
-                exc,
-                steps[index + 1][0],
-            )
-
-    def after_first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        for index in range(1, len(steps) - 1):
-            try:
-                return steps[index][1](*args, **kwargs)
-            except Unsupported as exc:  # the next candidate runs after this block
-                declined(index, exc)
-        return last(*args, **kwargs)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        # The common case, the first candidate accepting, costs one frame and a try.
-        try:
-            return first(*args, **kwargs)
-        except Unsupported as exc:
-            declined(0, exc)
-        return after_first(args, kwargs)
-
-    first_id, rest = chain[0].impl_id, ", ".join(impl.impl_id for impl in chain[1:])
-    call.__name__ = f"{op_name}_via_{first_id}"
-    call.__qualname__ = call.__name__
-    call.__doc__ = f"{first_id}, handing Unsupported calls on to, in order: {rest}."
-    return call

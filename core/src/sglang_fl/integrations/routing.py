@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._forksafe import reset_locks_in_child
+from ..dispatch.binder import Decline, FallbackChain
 from ..dispatch.resolve import Resolution
 from ..dispatch_report import DispatchReport, ReportEvent, Runner
 from ..errors import NoImplementationError
@@ -220,6 +221,7 @@ class LayerRouter:
         self.engine = engine
         self.forward_field = f"{runner}_forward"
         self._plans: dict[type, Plan] = {}
+        self._chains: dict[str, FallbackChain] = {}  # op -> its binding, declines reported
         # (event, layer class, reason) already reported: refusals and handoffs, once each.
         self._reported: set[tuple[ReportEvent, type, str]] = set()
         self._lock = threading.RLock()
@@ -277,7 +279,7 @@ class LayerRouter:
             self.report.emit(ReportEvent.LAYER, **fields)
             return plan
 
-    def _bind(
+    def bind(
         self,
         layer: Any,
         bridge: Bridge,
@@ -287,9 +289,12 @@ class LayerRouter:
     ) -> Forward:
         """The forward ``layer`` keeps: a bridge to the chosen implementation, or the engine's.
 
-        The one place where a chosen implementation reaches a layer, in either engine: wrappers
-        that compile it (custom ops) and observe it (verify mode) are applied here, once per
-        layer; the verifier is outermost, so under compile it steps aside for the custom op.
+        The one place where a chosen implementation reaches a layer, in either engine (and in
+        SGLang's attention backend, per layer and op; ``label`` names what verify counts
+        calls of, the layer class by default): the op's fallback chain, whose declines are
+        ``fallback`` records, bound once per op and process; wrappers that compile it (custom
+        ops) and observe it (verify mode) are applied here, once per layer; the verifier is
+        outermost, so under compile it steps aside for the custom op.
         """
         cls = type(layer)
         reason = bridge.refuse_instance(layer)
@@ -298,14 +303,36 @@ class LayerRouter:
             return engine_forward
         chosen = resolution.decision.chosen
         config = self.runtime.config
-        # Both return resolution.fn itself when off: eager calls then cost what they did before.
-        fn = graph_safe(resolution.op, resolution.fn, chosen.impl_id, enabled=config.custom_ops)
-        fn = self.verifier.wrap(fn, chosen, label or qualname(cls), chain=resolution.chain)
+        chain = self._chain(resolution)
+        # Both return chain.fn itself when off: eager calls then cost what they did before.
+        fn = graph_safe(resolution.op, chain.fn, chosen.impl_id, enabled=config.custom_ops)
+        fn = self.verifier.wrap(fn, chosen, label or qualname(cls), chain=chain)
         forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
         # Engines' traces label a cached forward by its name: make it say who runs.
         forward.__name__ = forward.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
         forward.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
         return forward
+
+    def _chain(self, resolution: Resolution) -> FallbackChain:
+        """The op's binding, shared by every layer: each decline is reported once per process."""
+        chain = self._chains.get(resolution.op)
+        if chain is None:
+            with self._lock:
+                chain = self._chains.get(resolution.op)
+                if chain is None:
+                    chain = resolution.bind(self._report_decline)
+                    self._chains[resolution.op] = chain
+        return chain
+
+    def _report_decline(self, decline: Decline) -> None:
+        self.report.emit(
+            ReportEvent.FALLBACK,
+            op=decline.op,
+            impl_id=decline.impl_id,
+            next_impl_id=decline.next_impl_id,
+            reason=decline.reason,
+            runner=Runner.SGLANG_FL,
+        )
 
     def _note_refusal(
         self, cls: type, op_name: str | None, reason: str, engine_forward: Forward

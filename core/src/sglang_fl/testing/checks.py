@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._strenum import StrEnum
+from ..comparison import compare
 from ..config import Settings
 from ..dispatch.availability import AvailabilityCache
 from ..dispatch.registry import OpRegistry
@@ -26,7 +27,6 @@ from ..errors import Unsupported
 from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
 from ..runtime import Runtime, get_runtime
-from ..verify import deviation, structure_problem
 from .plans import host_read, plan_problems, planner_of
 
 __all__ = [
@@ -239,24 +239,6 @@ def _planned_by(impl: OpImpl, contract: OpContract, inputs: OpInputs) -> OpInput
     *tensors, _ = inputs.args
     plan = planner_of(impl, contract).plan(inputs.batch)
     return dataclasses.replace(inputs, args=(*tensors, plan))
-
-
-def compare(got: object, want: torch.Tensor, tolerance: Tolerance, what: str) -> str | None:
-    """Why ``got`` is not ``want`` within ``tolerance`` (with max abs/rel error), or ``None``."""
-    problem = structure_problem(got, want, what)
-    if problem is not None:
-        return problem
-    assert isinstance(got, torch.Tensor)
-    dev = deviation(got, want, tolerance)
-    if dev.within:
-        return None
-    worst = dev.worst or ()
-    return (
-        f"{what}: max abs error {dev.max_abs:.3g}, max rel error {dev.max_rel:.3g} "
-        f"(atol={tolerance.atol:g}, rtol={tolerance.rtol:g}); {dev.out_of_tolerance} of "
-        f"{dev.elements} elements out of tolerance; worst at {list(worst)}: "
-        f"got {got[worst].item():.6g}, want {want[worst].item():.6g}"
-    )
 
 
 # -- planning -------------------------------------------------------------------------------------

@@ -276,8 +276,8 @@ def _check(
     """This rank's verdict on one case: ``None`` when it passed, else what was wrong."""
     import torch
 
+    from ..comparison import compare
     from ..ops import get_contract
-    from .checks import compare
 
     contract = get_contract(op)
     spec = contract.collective

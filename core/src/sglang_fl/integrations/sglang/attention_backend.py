@@ -12,9 +12,10 @@ kernel-based backend, or a whole backend a vendor offers through ``sglang_fl_att
 Per forward, :meth:`SglangFlAttnBackend.init_forward_metadata` collects the batch's tensors
 once (the sliding-window slot translation included, as ``torch_native`` does). Per layer, on
 its first call, each op is resolved (once per process) and bound through the layer routing's
-seam (:meth:`~sglang_fl.integrations.routing.LayerRouter._bind`: custom ops and verify mode
-apply), and the dispatch report gets one ``layer`` record per layer and op. A call then only
-passes tensors: no policy read, no registry lookup.
+seam (:meth:`~sglang_fl.integrations.routing.LayerRouter.bind`: the op's fallback chain, whose
+declines are ``fallback`` records, custom ops and verify mode apply), and the dispatch report
+gets one ``layer`` record per layer and op. A call then only passes tensors: no policy read,
+no registry lookup.
 
 What the ops do not cover is handed to SGLang's own ``torch_native`` backend, reported once
 per reason: cross-attention and encoder-decoder batches, and KV pools whose layout the store
@@ -24,7 +25,6 @@ too, unless ``SGLANG_FL_STRICT=1`` makes that an error.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +34,13 @@ import torch
 
 from ...dispatch.resolve import Resolution
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError, StrictModeError, Unsupported
+from ...errors import NoImplementationError
 from ...ops.attention import NO_WINDOW, attention_layer
 from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from ..routing import Bridge, Forward, Handoff, LayerRouter, qualname
 from .backend_selection import build_backend
+from .router import get_router
 
 __all__ = [
     "BACKEND_NAME",
@@ -114,51 +115,6 @@ def _layer_stand_in(layer: Any) -> Any:
         sliding_window_size=window if window is not None and window > NO_WINDOW else NO_WINDOW,
         is_causal=causal,
     )
-
-
-def _reporting_chain(
-    resolution: Resolution,
-    strict: bool,
-    on_decline: Callable[[str, str, str, Unsupported], None],
-) -> Callable[..., Any]:
-    """The op's candidates in the decision's order; a decline is reported, then the next runs.
-
-    Strict: the chosen implementation only, and a decline is a :class:`StrictModeError` naming
-    the op and the implementation (the fallback would have hidden a missing kernel).
-    """
-    decision = resolution.decision
-    op = resolution.op
-    chain = [decision.chosen, *decision.fallbacks]
-    if strict:
-        first = chain[0]
-
-        def strict_call(*args: Any) -> Any:
-            try:
-                return first.fn(*args)
-            except Unsupported as exc:
-                raise StrictModeError(
-                    f"SGLANG_FL_STRICT=1: {first.impl_id} declined a call of {op} ({exc}); "
-                    "without strict mode the next candidate would run it"
-                ) from exc
-
-        return strict_call
-    steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-    head_id, head = steps[0]
-
-    def call(*args: Any) -> Any:
-        try:
-            return head(*args)
-        except Unsupported as exc:
-            declined, reason = head_id, exc
-        for impl_id, fn in steps[1:]:
-            on_decline(op, declined, impl_id, reason)
-            try:
-                return fn(*args)
-            except Unsupported as exc:
-                declined, reason = impl_id, exc
-        raise reason
-
-    return call
 
 
 class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_backend
@@ -372,35 +328,19 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             return self._resolutions[op_name]
         resolution: Resolution | None
         try:
-            resolved = self.runtime.resolve(op_name)
+            resolution = self.runtime.resolve(op_name)
         except NoImplementationError as exc:
             if self.runtime.config.strict:
                 raise
             self._no_impl[op_name] = f"{exc}; left to SGLang's torch_native"
             resolution = None
-        else:
-            chain = _reporting_chain(resolved, self.runtime.config.strict, self._declined)
-            resolution = dataclasses.replace(resolved, fn=chain)
         self._resolutions[op_name] = resolution
         return resolution
 
     def _bind_op(self, layer: Any, op_name: str, stand_in: Any, resolution: Resolution) -> Forward:
         bridge = _OpBridge(op_name, stand_in)
         label = _op_label(layer, op_name)  # a verify budget per op, not one shared by the class
-        return self.router._bind(layer, bridge, resolution, _unreachable(op_name), label)
-
-    def _declined(self, op_name: str, impl_id: str, next_id: str, exc: Unsupported) -> None:
-        """Report, once per implementation and reason, that a call went to the next one."""
-        self._report_once(
-            ReportEvent.FALLBACK,
-            impl_id,
-            str(exc),
-            op=op_name,
-            impl_id=impl_id,
-            next_impl_id=next_id,
-            reason=str(exc),
-            runner=Runner.SGLANG_FL,
-        )
+        return self.router.bind(layer, bridge, resolution, _unreachable(op_name), label)
 
     # --- the store step ---------------------------------------------------------------------
 
@@ -516,8 +456,6 @@ def create_backend(model_runner: Any) -> Any:
     vendors offer (:mod:`.backend_selection`); one ``attention_backend`` record says which.
     """
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-    from .plugin import get_router
 
     router = get_router() or _private_router(get_runtime())
     return build_backend(

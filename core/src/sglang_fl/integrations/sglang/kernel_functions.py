@@ -5,7 +5,8 @@ sees them. Each is replaced where SGLang's model code looks it up, with one ``RE
 SGLang's ``HookRegistry`` per function: ``apply_hooks()`` (run right after the plugins load,
 before any model module is imported) patches the defining module and every module already
 holding a ``from ... import`` binding of it, so model modules imported later bind the
-replacement too. The op is resolved once, here; the replacement only translates arguments.
+replacement too. The op is resolved once (:func:`.function_routes.route_functions`); the
+replacement only translates arguments.
 
 A function is replaced when SGLang's own kernel cannot run in this process (its Triton kernel
 needs an active Triton driver: a GPU Triton knows), or when a vendor or flagos implementation
@@ -15,32 +16,14 @@ implements the op, SGLang keeps its kernel, and the report says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
-from ...dispatch.types import BackendImplKind
-from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError
-from ...graph import graph_safe
+from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
-from ...schema import impl_fields
 from .compat import SglangApi
+from .function_routes import Forward, FunctionRoute, route_functions
 
-__all__ = ["FUNCTION_ROUTES", "FunctionRoute", "route_kernel_functions", "triton_driver_active"]
-
-Forward = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class FunctionRoute:
-    """One SGLang kernel function, the standard op computing it, and the argument translation."""
-
-    target: str  # dotted path of the function where SGLang defines it
-    op_name: str
-    adapt: Callable[[Forward], Forward]  # the chosen implementation -> SGLang's signature
+__all__ = ["FUNCTION_ROUTES", "route_kernel_functions"]
 
 
 def _gate_sigmoid_mul(fn: Forward) -> Forward:
@@ -80,61 +63,6 @@ FUNCTION_ROUTES: tuple[FunctionRoute, ...] = (
 )
 
 
-def triton_driver_active() -> bool:
-    """Whether Triton has a driver for a device here (what SGLang's Triton kernels need)."""
-    try:
-        from triton.backends import backends
-    except ImportError:
-        return False
-    for backend in backends.values():
-        try:
-            if backend.driver.is_active():
-                return True
-        except Exception:  # a broken backend probe means "not this backend"
-            continue
-    return False
-
-
 def route_kernel_functions(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
     """Register a ``REPLACE`` hook for each function whose op should run through sglang-fl."""
-    replace = api.hook_type_replace
-    triton_runs = triton_driver_active()
-    for route in FUNCTION_ROUTES:
-        fields: dict[str, Any] = {"function": route.target, "op": route.op_name}
-        try:
-            resolution = runtime.resolve(route.op_name)
-        except NoImplementationError as exc:
-            if runtime.config.strict:
-                raise
-            report.emit(
-                ReportEvent.FUNCTION,
-                runner=Runner.SGLANG,
-                reason=f"{exc}; left to SGLang",
-                **fields,
-            )
-            continue
-        chosen = resolution.decision.chosen
-        if triton_runs and chosen.kind is BackendImplKind.REFERENCE:
-            report.emit(
-                ReportEvent.FUNCTION,
-                runner=Runner.SGLANG,
-                reason="SGLang's Triton kernel runs here and only the reference implements "
-                f"{route.op_name}; left to SGLang",
-                **fields,
-            )
-            continue
-        fn = graph_safe(
-            route.op_name, resolution.fn, chosen.impl_id, enabled=runtime.config.custom_ops
-        )
-        replacement = route.adapt(fn)
-        replacement.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
-        replacement.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
-        api.hook_registry.register(route.target, replacement, replace)
-        fallbacks = [impl.impl_id for impl in resolution.decision.fallbacks]
-        report.emit(
-            ReportEvent.FUNCTION,
-            runner=Runner.SGLANG_FL,
-            fallbacks=fallbacks,
-            **impl_fields(chosen),
-            **fields,
-        )
+    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace, custom_ops=True)

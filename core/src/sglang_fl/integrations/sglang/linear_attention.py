@@ -20,24 +20,18 @@ runs here and only the reference implements the op.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ...dispatch.types import BackendImplKind, OpImpl
-from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError, Unsupported
+from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
-from ...schema import impl_fields
 from .compat import SglangApi
-from .kernel_functions import triton_driver_active
+from .function_routes import Forward, FunctionRoute, route_functions
 
-__all__ = ["GDN_ROUTES", "GdnRoute", "route_linear_attention"]
+__all__ = ["GDN_ROUTES", "route_linear_attention"]
 
-Forward = Callable[..., Any]
 # An AROUND hook: SGLang calls it as hook(original, *args, **kwargs).
 Around = Callable[..., Any]
 
@@ -48,20 +42,9 @@ _PROJ = "sglang.kernels.ops.attention.triton_gdn_fused_proj"
 _PAD_SLOT_ID = -1
 
 
-@dataclass(frozen=True)
-class GdnRoute:
-    """One SGLang function (or module method), the op computing it, the argument translation.
-
-    ``adapt(fn)`` returns the AROUND hook: it calls ``fn`` (standard signature) for what the
-    contract covers and SGLang's original otherwise.
-    """
-
-    target: str
-    op_name: str
-    adapt: Callable[[Forward], Around]
-
-
 def _split(fn: Forward) -> Around:
+    """Both q/k/v/z/b/a splits (Qwen3-Next's interleaved, Qwen3.5's contiguous): same call."""
+
     def fused_qkvzba_split_reshape_cat(
         original: Forward,
         mixed_qkvz: torch.Tensor,
@@ -74,21 +57,6 @@ def _split(fn: Forward) -> Around:
         return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
 
     return fused_qkvzba_split_reshape_cat
-
-
-def _split_contiguous(fn: Forward) -> Around:
-    def fused_qkvzba_split_reshape_cat_contiguous(
-        original: Forward,
-        mixed_qkvz: torch.Tensor,
-        mixed_ba: torch.Tensor,
-        num_heads_qk: int,
-        num_heads_v: int,
-        head_qk: int,
-        head_v: int,
-    ) -> Any:
-        return fn(None, mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)
-
-    return fused_qkvzba_split_reshape_cat_contiguous
 
 
 def _sigmoid_mul(fn: Forward) -> Around:
@@ -387,90 +355,53 @@ def _track(*, all_layers: bool) -> Callable[[Forward], Around]:
 
 _TRACK = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
 
-GDN_ROUTES: tuple[GdnRoute, ...] = (
-    GdnRoute(
+GDN_ROUTES: tuple[FunctionRoute, ...] = (
+    FunctionRoute(
         f"{_PROJ}.fused_qkvzba_split_reshape_cat",
         "fused_qkvzba_split_reshape_cat",
         _split,
     ),
-    GdnRoute(
+    FunctionRoute(
         f"{_PROJ}.fused_qkvzba_split_reshape_cat_contiguous",
         "fused_qkvzba_split_reshape_cat_contiguous",
-        _split_contiguous,
+        _split,
     ),
     # Not a GDN kernel: Qwen3.5's full-attention output gate, routed here for its quant option.
-    GdnRoute(
+    FunctionRoute(
         "sglang.kernels.ops.elementwise.elementwise.fused_sigmoid_mul",
         "fused_sigmoid_mul",
         _sigmoid_mul,
     ),
-    GdnRoute(f"{_CONV}.causal_conv1d_fn", "causal_conv1d_fn", _conv_fn),
-    GdnRoute(f"{_CONV}.causal_conv1d_update", "causal_conv1d_update", _conv_update),
-    GdnRoute(f"{_LINEAR}.fused_gdn_gating.fused_gdn_gating", "fused_gdn_gating", _gating),
-    GdnRoute(f"{_FLA}.chunk.chunk_gated_delta_rule", "chunk_gated_delta_rule", _chunk),
-    GdnRoute(
+    FunctionRoute(f"{_CONV}.causal_conv1d_fn", "causal_conv1d_fn", _conv_fn),
+    FunctionRoute(f"{_CONV}.causal_conv1d_update", "causal_conv1d_update", _conv_update),
+    FunctionRoute(f"{_LINEAR}.fused_gdn_gating.fused_gdn_gating", "fused_gdn_gating", _gating),
+    FunctionRoute(f"{_FLA}.chunk.chunk_gated_delta_rule", "chunk_gated_delta_rule", _chunk),
+    FunctionRoute(
         f"{_FLA}.fused_recurrent.fused_recurrent_gated_delta_rule",
         "fused_recurrent_gated_delta_rule",
         _recurrent,
     ),
-    GdnRoute(
+    FunctionRoute(
         f"{_FLA}.fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode",
         "fused_recurrent_gated_delta_rule_packed_decode",
         _packed,
     ),
-    GdnRoute(
+    FunctionRoute(
         f"{_LINEAR}.fused_sigmoid_gating_recurrent.fused_sigmoid_gating_delta_rule_update",
         "fused_sigmoid_gating_delta_rule_update",
         _sigmoid,
     ),
-    GdnRoute(f"{_FLA}.fused_norm_gate.FusedRMSNormGated.forward", "rms_norm_gated", _fused_norm),
-    GdnRoute(f"{_FLA}.layernorm_gated.RMSNorm.forward", "rms_norm_gated", _gated_norm),
-    GdnRoute(
+    FunctionRoute(
+        f"{_FLA}.fused_norm_gate.FusedRMSNormGated.forward", "rms_norm_gated", _fused_norm
+    ),
+    FunctionRoute(f"{_FLA}.layernorm_gated.RMSNorm.forward", "rms_norm_gated", _gated_norm),
+    FunctionRoute(
         f"{_TRACK}.track_mamba_states_if_needed", "track_mamba_states", _track(all_layers=False)
     ),
-    GdnRoute(
+    FunctionRoute(
         f"{_TRACK}.track_mamba_states_all_layers", "track_mamba_states", _track(all_layers=True)
     ),
 )
-
-
-def _reporting_chain(route: GdnRoute, chain: list[OpImpl], report: DispatchReport) -> Forward:
-    """Call the chain's first implementation; on :class:`Unsupported`, the next, and so on.
-
-    The first decline per (implementation, reason) is a ``function`` record naming the
-    implementation that declined, why, and the one that served the call. The last candidate
-    (the reference, normally) is called without a ``try``: its errors are the caller's.
-    """
-    steps = tuple((impl.impl_id, impl.fn) for impl in chain)
-    reported: set[tuple[str, str]] = set()
-    lock = threading.Lock()
-
-    def note(index: int, exc: Unsupported) -> None:
-        key = (steps[index][0], str(exc))
-        with lock:
-            if key in reported:
-                return
-            reported.add(key)
-        report.emit(
-            ReportEvent.FUNCTION,
-            runner=Runner.SGLANG_FL,
-            function=route.target,
-            op=route.op_name,
-            declined_by=steps[index][0],
-            reason=str(exc),
-            served_by=steps[index + 1][0],
-        )
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        for index in range(len(steps) - 1):
-            try:
-                return steps[index][1](*args, **kwargs)
-            except Unsupported as exc:
-                note(index, exc)
-        return steps[-1][1](*args, **kwargs)
-
-    call.__name__ = f"{route.op_name}_via_{steps[0][0]}"
-    return call
 
 
 PREPARE_FOR_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
@@ -503,42 +434,6 @@ def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchRep
         api.hook_registry.register(
             PREPARE_FOR_DECODE, pageable_when_unpinnable, api.hook_type_around
         )
-    triton_runs = triton_driver_active()
-    for route in GDN_ROUTES:
-        fields: dict[str, Any] = {"function": route.target, "op": route.op_name}
-        try:
-            resolution = runtime.resolve(route.op_name)
-        except NoImplementationError as exc:
-            if runtime.config.strict:
-                raise
-            report.emit(
-                ReportEvent.FUNCTION, runner=Runner.SGLANG, reason=f"{exc}; left to SGLang",
-                **fields,
-            )  # fmt: skip
-            continue
-        decision = resolution.decision
-        chosen = decision.chosen
-        if triton_runs and chosen.kind is BackendImplKind.REFERENCE:
-            report.emit(
-                ReportEvent.FUNCTION,
-                runner=Runner.SGLANG,
-                reason="SGLang's Triton kernel runs here and only the reference implements "
-                f"{route.op_name}; left to SGLang",
-                **fields,
-            )
-            continue
-        chain = [chosen, *decision.fallbacks]
-        fn = _reporting_chain(route, chain, report) if len(chain) > 1 else chosen.fn
-        # Not wrapped by graph.graph_safe: these ops have no graph spec (torch.compile custom
-        # ops) yet; SGLang runs its GDN path eagerly outside CUDA graphs anyway.
-        hook = route.adapt(fn)
-        hook.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
-        hook.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
-        api.hook_registry.register(route.target, hook, api.hook_type_around)
-        report.emit(
-            ReportEvent.FUNCTION,
-            runner=Runner.SGLANG_FL,
-            fallbacks=[impl.impl_id for impl in decision.fallbacks],
-            **impl_fields(chosen),
-            **fields,
-        )
+    # Not wrapped by graph.graph_safe: these ops have no graph spec (torch.compile custom
+    # ops) yet; SGLang runs its GDN path eagerly outside CUDA graphs anyway.
+    route_functions(api, runtime, report, GDN_ROUTES, api.hook_type_around, custom_ops=False)

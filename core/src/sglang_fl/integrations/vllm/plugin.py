@@ -66,7 +66,7 @@ class VllmRouter(LayerRouter):
         bridge, resolution = plan.bridge, plan.resolution
 
         def bind_on_first_call(*args: Any, **kwargs: Any) -> Any:
-            forward = self._bind(layer, bridge, resolution, vllm_forward)
+            forward = self.bind(layer, bridge, resolution, vllm_forward)
             layer._forward_method = forward
             return forward(*args, **kwargs)
 

@@ -1,0 +1,158 @@
+"""The fallback binder: one op's candidates, in the decision's order, as the callable kept.
+
+Everything that binds a chosen implementation goes through :class:`FallbackChain`: the
+resolution itself, the layer router (so the attention backend too), the SGLang function
+hooks (kernel functions, linear attention) and verify mode. So a decline means the same
+everywhere: an implementation raising :class:`~sglang_fl.errors.Unsupported` hands that same
+call to the next candidate; the first decline per implementation and reason is logged once per
+process and handed to the binder's report callback; any other exception propagates (a call
+that failed is never re-run elsewhere); and under ``SGLANG_FL_STRICT=1`` the chain is the
+chosen implementation alone, whose decline is a :class:`~sglang_fl.errors.StrictModeError`
+naming the op and the implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._forksafe import reset_locks_in_child
+from ..errors import StrictModeError, Unsupported
+from .types import OpImpl
+
+__all__ = ["Decline", "DeclineSink", "FallbackChain"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decline:
+    """An implementation declined a call of ``op`` (``reason``); ``next_impl_id`` gets it."""
+
+    op: str
+    impl_id: str
+    next_impl_id: str
+    reason: str
+
+
+# Receives each first decline per (implementation, reason): a dispatch-report record, say.
+DeclineSink = Callable[[Decline], object]
+
+
+class FallbackChain:
+    """``candidates`` bound into :attr:`fn`: the first, then each next while they decline.
+
+    ``fn`` is the chosen implementation itself when it is the only candidate; otherwise one
+    closure whose common case, the chosen implementation accepting, costs one frame and a
+    ``try``. ``strict`` keeps the chosen implementation alone (:attr:`impls`); its decline is
+    then a :class:`~sglang_fl.errors.StrictModeError`. ``on_decline`` is called, after the log
+    warning, once per declining implementation and reason in this chain's life (one chain per
+    op and process wherever records must not repeat).
+    """
+
+    def __init__(
+        self,
+        op: str,
+        candidates: Sequence[OpImpl],
+        *,
+        strict: bool = False,
+        on_decline: DeclineSink | None = None,
+    ) -> None:
+        if not candidates:
+            raise ValueError(f"op {op!r}: a fallback chain needs at least one candidate")
+        self.op = op
+        self.impls: tuple[OpImpl, ...] = tuple(candidates[:1] if strict else candidates)
+        # Strict cut fallbacks off: a decline is then an error, not the caller's Unsupported.
+        self.strict = strict and len(candidates) > 1
+        self.on_decline = on_decline
+        self._declined: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        reset_locks_in_child(self)
+        self.fn: Callable[..., Any] = self._bind()
+
+    def _reset_locks_after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[OpImpl, Any]:
+        """Call the chain as :attr:`fn` does; also say which implementation's result it is.
+
+        Verify mode calls this, so that a record names the implementation whose output it
+        judged, not the chosen one that declined the call.
+        """
+        if len(self.impls) == 1:
+            return self.impls[0], self.fn(*args, **kwargs)
+        index, result = self._walk(0, args, kwargs)
+        return self.impls[index], result
+
+    def _bind(self) -> Callable[..., Any]:
+        first = self.impls[0]
+        if len(self.impls) == 1:
+            return self._strict(first) if self.strict else first.fn
+        head, walk, decline = first.fn, self._walk, self._decline
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # The common case, the first candidate accepting, costs one frame and a try.
+            try:
+                return head(*args, **kwargs)
+            except Unsupported as exc:
+                decline(0, exc)
+            return walk(1, args, kwargs)[1]
+
+        rest = ", ".join(impl.impl_id for impl in self.impls[1:])
+        call.__name__ = call.__qualname__ = f"{self.op}_via_{first.impl_id}"
+        call.__doc__ = f"{first.impl_id}, handing Unsupported calls on to, in order: {rest}."
+        return call
+
+    def _walk(self, start: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
+        """The candidates from ``start`` on: the index of the one that served, and its result.
+
+        A loop, not nested closures: a chain of any length (a thousand plugins declining)
+        costs one more frame, and an ``Unsupported`` handled here is not the ``__context__`` of
+        the next candidate's exceptions. The last candidate's errors are the caller's.
+        """
+        last = len(self.impls) - 1
+        for index in range(start, last):
+            try:
+                return index, self.impls[index].fn(*args, **kwargs)
+            except Unsupported as exc:  # the next candidate runs after this block
+                self._decline(index, exc)
+        return last, self.impls[last].fn(*args, **kwargs)
+
+    def _strict(self, chosen: OpImpl) -> Callable[..., Any]:
+        fn, op = chosen.fn, self.op
+
+        def strict_call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Unsupported as exc:
+                raise StrictModeError(
+                    f"SGLANG_FL_STRICT=1: {chosen.impl_id} declined a call of {op} ({exc}); "
+                    "without strict mode the next candidate would run it"
+                ) from exc
+
+        strict_call.__name__ = strict_call.__qualname__ = f"{op}_strictly_{chosen.impl_id}"
+        return strict_call
+
+    def _decline(self, index: int, exc: Unsupported) -> None:
+        """Log and report the first decline of each implementation and reason, once."""
+        impl_id, reason = self.impls[index].impl_id, str(exc)
+        key = (impl_id, reason)
+        if key in self._declined:  # the common case after the first: no lock
+            return
+        with self._lock:
+            if key in self._declined:
+                return
+            self._declined.add(key)
+        decline = Decline(self.op, impl_id, self.impls[index + 1].impl_id, reason)
+        _log.warning(
+            "%s: %s declined a call (%s); handing it to %s (warned once per process)",
+            decline.op,
+            decline.impl_id,
+            decline.reason,
+            decline.next_impl_id,
+        )
+        if self.on_decline is not None:
+            self.on_decline(decline)

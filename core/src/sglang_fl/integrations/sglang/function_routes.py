@@ -1,0 +1,131 @@
+"""Routing SGLang's plain kernel functions: one registration loop for every family of them.
+
+Fused ops reach sglang-fl through the router's ``_resolve_forward_method`` hook; the functions
+SGLang's model and backend code calls directly (``kernel_functions``, ``linear_attention``) are
+each replaced or wrapped by one hook in SGLang's ``HookRegistry`` instead. For each
+:class:`FunctionRoute`, :func:`route_functions` resolves the op once, binds its fallback chain
+(a decline is a ``function`` record naming who declined, why, and who served), registers the
+hook the route's adapter builds around it, and reports the outcome as one ``function`` record.
+A route is left to SGLang where no implementation survives (an error under
+``SGLANG_FL_STRICT=1``), and where SGLang's Triton kernel runs here and only the reference
+implements the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...dispatch.binder import Decline, DeclineSink
+from ...dispatch.types import BackendImplKind
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
+from ...errors import NoImplementationError
+from ...graph import graph_safe
+from ...runtime import Runtime
+from ...schema import impl_fields
+from .compat import SglangApi
+
+__all__ = ["FunctionRoute", "report_declines", "route_functions", "triton_driver_active"]
+
+Forward = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class FunctionRoute:
+    """One SGLang function (or module method), the standard op computing it, the translation.
+
+    ``adapt(fn)`` returns the hook registered for ``target``: SGLang's signature (an
+    ``AROUND`` hook takes SGLang's original first), calling ``fn`` (the op's standard
+    signature) for what the op's contract covers.
+    """
+
+    target: str  # dotted path of the function where SGLang defines it
+    op_name: str
+    adapt: Callable[[Forward], Forward]
+
+
+def triton_driver_active() -> bool:
+    """Whether Triton has a driver for a device here (what SGLang's Triton kernels need)."""
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    for backend in backends.values():
+        try:
+            if backend.driver.is_active():
+                return True
+        except Exception:  # a broken backend probe means "not this backend"
+            continue
+    return False
+
+
+def route_functions(
+    api: SglangApi,
+    runtime: Runtime,
+    report: DispatchReport,
+    routes: Sequence[FunctionRoute],
+    hook_type: Any,
+    *,
+    custom_ops: bool,
+) -> None:
+    """Register a ``hook_type`` hook for each route whose op runs through sglang-fl.
+
+    ``custom_ops``: the ops have graph specs, so the bound chain is reachable under
+    ``torch.compile`` when ``SGLANG_FL_CUSTOM_OPS`` asks for it (:func:`~sglang_fl.graph.
+    graph_safe`).
+    """
+    triton_runs = triton_driver_active()
+    for route in routes:
+        fields: dict[str, Any] = {"function": route.target, "op": route.op_name}
+        try:
+            resolution = runtime.resolve(route.op_name)
+        except NoImplementationError as exc:
+            if runtime.config.strict:
+                raise
+            reason = f"{exc}; left to SGLang"
+            report.emit(ReportEvent.FUNCTION, runner=Runner.SGLANG, reason=reason, **fields)
+            continue
+        decision = resolution.decision
+        chosen = decision.chosen
+        if triton_runs and chosen.kind is BackendImplKind.REFERENCE:
+            report.emit(
+                ReportEvent.FUNCTION,
+                runner=Runner.SGLANG,
+                reason="SGLang's Triton kernel runs here and only the reference implements "
+                f"{route.op_name}; left to SGLang",
+                **fields,
+            )
+            continue
+        fn = resolution.bind(report_declines(report, route.target)).fn
+        if custom_ops:
+            fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
+        hook = route.adapt(fn)
+        hook.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
+        hook.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]
+        api.hook_registry.register(route.target, hook, hook_type)
+        report.emit(
+            ReportEvent.FUNCTION,
+            runner=Runner.SGLANG_FL,
+            fallbacks=[impl.impl_id for impl in decision.fallbacks],
+            **impl_fields(chosen),
+            **fields,
+        )
+
+
+def report_declines(report: DispatchReport, target: str) -> DeclineSink:
+    """The decline sink of ``target``'s chain: a ``function`` record naming the implementation
+    that declined, why, and the one the call went to."""
+
+    def report_decline(decline: Decline) -> None:
+        report.emit(
+            ReportEvent.FUNCTION,
+            runner=Runner.SGLANG_FL,
+            function=target,
+            op=decline.op,
+            declined_by=decline.impl_id,
+            reason=decline.reason,
+            served_by=decline.next_impl_id,
+        )
+
+    return report_decline
