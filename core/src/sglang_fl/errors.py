@@ -59,6 +59,11 @@ class StrictModeError(SglangFlError):
     """``SGLANG_FL_STRICT=1`` turned a fallback into an error."""
 
 
+class GraphModeRefused(SglangFlError, RuntimeError):
+    """A graph runner was refused before it captured anything: something on the decode path
+    cannot run in its graph mode (the message says what and why)."""
+
+
 class Unsupported(Exception):
     """Raised by an implementation, before it writes anything, to decline one call.
 

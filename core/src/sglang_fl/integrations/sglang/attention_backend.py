@@ -44,7 +44,7 @@ import torch
 from ...dispatch.binder import FallbackChain
 from ...dispatch.resolve import Resolution
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError
+from ...errors import GraphModeRefused, NoImplementationError
 from ...ops.attention import NO_WINDOW, attention_layer
 from ...ops.attention.plan import (
     AttentionBatch,
@@ -282,8 +282,6 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         return "; ".join(problems) or None
 
     def _graph_state(self, mode: GraphMode, max_bs: int, max_num_tokens: int) -> None:
-        from .graph_runner import GraphModeRefused
-
         problem = self.graph_problem(mode)
         if problem is not None:
             raise GraphModeRefused(
@@ -302,8 +300,6 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
 
     @staticmethod
     def _decode_only(forward_mode: Any) -> None:
-        from .graph_runner import GraphModeRefused
-
         if not forward_mode.is_decode_or_idle():
             raise GraphModeRefused(
                 f"the sglang_fl attention backend captures decode steps only, not {forward_mode}"

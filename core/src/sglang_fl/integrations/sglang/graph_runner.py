@@ -29,27 +29,29 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...dispatch_report import ReportEvent, Runner
+from ...errors import GraphModeRefused
 from ...graph_watch import CompileSummary, DynamoWatch, Owner, RecompileCheck
 from ...ops.attention.plan import GraphMode
+from .router import get_router
 
-__all__ = ["GraphModeRefused", "cpu_graph_runner_class", "graph_problem"]
+__all__ = ["cpu_graph_runner_class", "graph_problem"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
-
-
-class GraphModeRefused(RuntimeError):
-    """A graph runner was refused before capture: something on the decode path cannot run
-    in its graph mode (the message says what and why)."""
 
 
 def graph_problem(attn_backend: Any, mode: GraphMode) -> str | None:
     """Why ``attn_backend`` cannot serve a ``mode`` graph runner, or ``None``.
 
-    sglang-fl's attention backend answers for its kernels (and every routed op on the decode
-    path); another backend is asked nothing here (SGLang's own checks apply).
+    sglang-fl's attention backend answers for its kernels; a wrapper (SGLang's hybrid
+    linear-attention backend) for each backend it wraps; another backend is asked nothing here
+    (SGLang's own checks apply).
     """
     ask: Callable[[GraphMode], str | None] | None = getattr(attn_backend, "graph_problem", None)
-    return None if ask is None else ask(mode)
+    if ask is not None:
+        return ask(mode)
+    wrapped = getattr(attn_backend, "attn_backend_list", None) or ()
+    problems = [p for p in (graph_problem(b, mode) for b in wrapped) if p is not None]
+    return "; ".join(problems) or None
 
 
 @contextlib.contextmanager
@@ -76,8 +78,6 @@ def _existing_sgl_kernel_fakes() -> Iterator[None]:
 
 
 def _report(event: ReportEvent, **fields: Any) -> None:
-    from .plugin import get_router
-
     router = get_router()
     if router is not None:
         router.report.emit(event, **fields)
