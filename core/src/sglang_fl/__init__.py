@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 from .errors import (
     ConfigError,
+    GraphModeRefused,
     NoImplementationError,
     PluginLoadError,
     RegistrationError,
@@ -34,12 +35,16 @@ from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ..
 if TYPE_CHECKING:
     from .collective_library import ProcessGroupLibrary
     from .dispatch.registry import OpRegistry
+    from .ops.attention.plan import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
+    from .ops.graph_runner import SglangGraphRunnerOffer
     from .runtime import Runtime
 
 
 __all__ = [
+    "AttentionBatch",
+    "AttentionPlan",
     "Availability",
     "Backend",
     "BackendImplKind",
@@ -47,6 +52,9 @@ __all__ = [
     "ChipSdk",
     "CollectiveGroup",
     "ConfigError",
+    "DefaultPlanner",
+    "GraphMode",
+    "GraphModeRefused",
     "NoImplementationError",
     "OpImpl",
     "OpRegistry",
@@ -56,6 +64,7 @@ __all__ = [
     "RegistrationError",
     "SglangAttentionBackendOffer",
     "SglangFlError",
+    "SglangGraphRunnerOffer",
     "StrictModeError",
     "UnknownOpError",
     "Unsupported",
