@@ -29,6 +29,7 @@ DEFINED_IN = {
     "ChipSdk": sglang_fl.dispatch.probes,
     "CollectiveGroup": sglang_fl.ops.collectives.group,
     "DefaultPlanner": sglang_fl.ops.attention.plan,
+    "DtypeSet": sglang_fl.collective_library,
     "GraphMode": sglang_fl.ops.attention.plan,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
@@ -36,6 +37,7 @@ DEFINED_IN = {
     "Provenance": sglang_fl.dispatch.types,
     "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,
     "SglangGraphRunnerOffer": sglang_fl.ops.graph_runner,
+    "UnevenCalls": sglang_fl.collective_library,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,
 }

@@ -33,7 +33,7 @@ from .types import (
 from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ...: on first use
 
 if TYPE_CHECKING:
-    from .collective_library import ProcessGroupLibrary
+    from .collective_library import DtypeSet, ProcessGroupLibrary, UnevenCalls
     from .dispatch.registry import OpRegistry
     from .ops.attention.plan import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
@@ -53,6 +53,7 @@ __all__ = [
     "CollectiveGroup",
     "ConfigError",
     "DefaultPlanner",
+    "DtypeSet",
     "GraphMode",
     "GraphModeRefused",
     "NoImplementationError",
@@ -66,6 +67,7 @@ __all__ = [
     "SglangFlError",
     "SglangGraphRunnerOffer",
     "StrictModeError",
+    "UnevenCalls",
     "UnknownOpError",
     "Unsupported",
     "__version__",

@@ -39,8 +39,14 @@ Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.co
         ``SGLANG_FL_STRICT=1``); the handle's ``close()`` is its teardown.
     :class:`ProcessGroupLibrary`
         A library behind a ``torch.distributed`` backend (NCCL, HCCL): its limits, each with
-        its source, and the ten collective adapters built on them, which decline with
+        its source, and the collective adapters built on them, which decline with
         ``Unsupported`` what the library cannot do before anything is sent.
+    :class:`DtypeSet`
+        The dtypes one kind of collective (data movement, reduction) takes on a library, with
+        their source and, optionally, the ones only some devices take (read per call).
+    :class:`UnevenCalls`
+        A library's own uneven all-gather and reduce-scatter functions (torch_npu's), through
+        which a :class:`ProcessGroupLibrary` serves ``all_gatherv``/``reduce_scatterv``.
 
 Offering a whole SGLang attention backend (instead of, or besides, attention kernels)
     :class:`SglangAttentionBackendOffer`
@@ -106,7 +112,7 @@ from .errors import Unsupported
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .collective_library import ProcessGroupLibrary
+    from .collective_library import DtypeSet, ProcessGroupLibrary, UnevenCalls
     from .dispatch.registry import OpRegistry
     from .ops.attention.plan import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
@@ -123,6 +129,7 @@ __all__ = [
     "ChipSdk",
     "CollectiveGroup",
     "DefaultPlanner",
+    "DtypeSet",
     "GraphMode",
     "OpImpl",
     "OpRegistry",
@@ -130,6 +137,7 @@ __all__ = [
     "Provenance",
     "SglangAttentionBackendOffer",
     "SglangGraphRunnerOffer",
+    "UnevenCalls",
     "Unsupported",
     "hookimpl",
 ]
@@ -139,9 +147,9 @@ _PLAN_NAMES = frozenset({"AttentionBatch", "AttentionPlan", "DefaultPlanner", "G
 
 
 def __getattr__(name: str) -> Any:
-    """``OpRegistry``, ``CollectiveGroup``, ``ProcessGroupLibrary`` and
-    ``SglangAttentionBackendOffer`` on first use (also for :mod:`sglang_fl`, which re-exports
-    this function).
+    """``OpRegistry``, ``CollectiveGroup``, ``ProcessGroupLibrary`` (with ``DtypeSet`` and
+    ``UnevenCalls``) and ``SglangAttentionBackendOffer`` on first use (also for
+    :mod:`sglang_fl`, which re-exports this function).
 
     The registry imports the op contracts and with them torch, which ``import sglang_fl`` must
     not (the CLI's ``--help``, SGLang's plugin discovery).
@@ -166,8 +174,8 @@ def __getattr__(name: str) -> Any:
         from .ops.attention import plan
 
         return getattr(plan, name)
-    if name == "ProcessGroupLibrary":
-        from .collective_library import ProcessGroupLibrary
+    if name in ("ProcessGroupLibrary", "DtypeSet", "UnevenCalls"):
+        from . import collective_library
 
-        return ProcessGroupLibrary
+        return getattr(collective_library, name)
     raise AttributeError(f"sglang_fl has no attribute {name!r}")

@@ -1,50 +1,59 @@
 """A TEST DOUBLE of HCCL as torch.distributed drives it (torch_npu's ``ProcessGroupHCCL``).
 
 Not HCCL. It stands in for the ``torch.distributed`` functions the Ascend wheel's collective
-adapters call on the engine's ``hccl`` device group, so they run here without an NPU: the
-calls go to the gloo group the test ranks share (CPU tensors stand for the rank's NPU tensors),
-after every check ``ProcessGroupHCCL`` makes, each a
-:class:`~sglang_fl.testing.doubles.Constraint` naming its source: torch_npu's
-``torch_npu/csrc/distributed/ProcessGroupHCCL.cpp`` and the HCCL API reference (``hccl.h``).
+adapters call on the engine's ``hccl`` device group, and for torch_npu's own uneven ones
+(``torch_npu.distributed.all_gather_into_tensor_uneven`` / ``reduce_scatter_tensor_uneven``),
+so they run here without an NPU: the calls go to the gloo group the test ranks share (CPU
+tensors stand for the rank's NPU tensors), after every check ``ProcessGroupHCCL`` makes, each a
+:class:`~sglang_fl.testing.doubles.Constraint` naming its source: torch_npu's source (``master``,
+which builds 2.14.0/2.15.0) and the HCCL API reference (``hccl.h``). It emulates one SoC
+(``soc_version``, as ``torch_npu.npu.get_soc_version()`` reports it) and reads
+``TORCH_NPU_USE_COMPATIBLE_IMPL`` when built, as torch_npu does at start-up.
 ``install()`` puts it in place in a rank (``run_collective_checks(prepare=...)``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any
+
 import torch
-from sglang_fl_ascend.impl.collectives import HCCL
+from sglang_fl_ascend.backend import TORCH_NPU
+from sglang_fl_ascend.impl.collectives import COMPATIBLE_IMPL, MOVED, REDUCED, REDUCED_ON_950
+from torch_npu_double import A2_SOC, TorchNpuDouble
 
 from sglang_fl.testing.collective_doubles import ProcessGroupDouble
 from sglang_fl.testing.doubles import Constraint
 
 PG = "torch_npu/csrc/distributed/ProcessGroupHCCL.cpp"
+C10D = "torch_npu/distributed/distributed_c10d.py"
 API = "HCCL API reference (CANN), hccl.h"
+ASCEND_950 = 260  # SocVersion::Ascend950; A2 is 220-225 and A3 250-255 (IsCompatibleSoc)
 
 
 class HcclDouble(ProcessGroupDouble):
     """``ProcessGroupHCCL``'s collectives, checked as torch_npu checks them, run on gloo."""
 
     BACKEND = "hccl"
-    # kScalarTypeToHcclDataType in ProcessGroupHCCL.cpp (bool travels as HCCL_DATA_TYPE_UINT8).
-    DTYPES = frozenset(
-        {
-            torch.uint8,
-            torch.int8,
-            torch.int16,
-            torch.int32,
-            torch.int64,
-            torch.float16,
-            torch.float32,
-            torch.float64,
-            torch.bool,
-            torch.bfloat16,
-        }
-    )
+    # kScalarTypeToHcclDataType (torch_npu/csrc/distributed/HCCLUtils.cpp:49-65): bool
+    # travels as HCCL_DATA_TYPE_UINT8; float8 and the unsigned types move too.
+    DTYPES = MOVED
 
     DTYPE = Constraint(
         "HCCL collectives",
         "a dtype in kScalarTypeToHcclDataType",
-        f"{PG}, getHcclDataType ('Unsupported data type for HCCL process group')",
+        "torch_npu/csrc/distributed/HCCLUtils.cpp:49-65, 85-91, getHcclDataType ('Unsupported data "
+        "type for HCCL process group')",
+        "raises RuntimeError",
+    )
+    REDUCE_DTYPE = Constraint(
+        "HCCL all_reduce/reduce_scatter",
+        "a dtype checkSupportedDataType takes: int8/16/32/64, float16/32, bfloat16 (uint64 and "
+        "float64 on Ascend 950 only)",
+        f"{PG}:170-188, checkSupportedDataType ('HCCL <op>: Unsupported data type'), called by "
+        "allreduce (:4765), reduce_scatter (:5982), _reduce_scatter_base (:6234); HCCL API "
+        "reference, HcclReduceScatterV: dataType of the reduction",
         "raises RuntimeError",
     )
     CONTIGUOUS = Constraint(
@@ -60,9 +69,10 @@ class HcclDouble(ProcessGroupDouble):
         "raises RuntimeError",
     )
     SAME_DTYPE = Constraint(
-        "all_gather_into_tensor/reduce_scatter_tensor/all_to_all_single",
+        "all_gather_into_tensor/reduce_scatter_tensor/all_to_all_single and the uneven forms",
         "output and input of one dtype",
-        f"{PG}, _allgather_base / _reduce_scatter_base; {API}: one dataType per call",
+        f"{PG}, _allgather_base / _reduce_scatter_base / :5308-5311 ('output tensor must have "
+        f"the same type as input tensor'); {API}: one dataType per call",
         "raises RuntimeError",
     )
     GATHER_SIZE = Constraint(
@@ -84,10 +94,138 @@ class HcclDouble(ProcessGroupDouble):
         f"{PG}, alltoall_base (c10d check_split_sizes); {API}, HcclAlltoAll: one count per peer",
         "raises RuntimeError",
     )
+    GATHER_COMPATIBLE = Constraint(
+        "gather",
+        "TORCH_NPU_USE_COMPATIBLE_IMPL=1 on an Atlas A2/A3",
+        f"{PG}:6535-6540 ('ProcessGroupHCCL does not support gather'), IsCompatibleSoc "
+        "(:505-512); torch_npu/csrc/framework/interface/EnvVariables.cpp:293-294 "
+        "(CheckCompatibleImpl: the env value '1')",
+        "raises RuntimeError",
+    )
+    UNEVEN_SPLITS = Constraint(
+        "all_gather_into_tensor_uneven/reduce_scatter_tensor_uneven",
+        "one split size per rank summing to dim 0 of the output (gather) or input (scatter), "
+        "or none when dim 0 splits evenly",
+        f"{PG}:397-411 (check_split_sizes: 'Number of tensor splits not equal to group size', "
+        "'Split sizes doesn't match total dim 0 size'), :381-395 "
+        "(fill_equal_split_sizes_when_empty)",
+        "raises RuntimeError",
+    )
+    UNEVEN_OWN_ROWS = Constraint(
+        "all_gather_into_tensor_uneven/reduce_scatter_tensor_uneven",
+        "this rank's input (gather) or output (scatter) holds exactly its split's rows",
+        f"{API}, HcclAllGatherV (sendCount = recvCounts[rank]) and HcclReduceScatterV "
+        "(recvCount = sendCounts[rank]); ProcessGroupHCCL.cpp:5301-5540 passes the counts "
+        "unchecked",
+        "reads or writes the wrong rows",
+    )
+    UNEVEN_NPU = Constraint(
+        "all_gather_into_tensor_uneven/reduce_scatter_tensor_uneven",
+        "NPU tensors",
+        f"{C10D}:418-420, 446-448 ('Support for Tensors is limited to those of type npu')",
+        "warns and returns without communicating",
+    )
+
+    def __init__(
+        self,
+        device: torch.device | None = None,
+        *,
+        soc_version: int = A2_SOC,
+        compatible_impl: bool | None = None,
+    ) -> None:
+        super().__init__(device)
+        self.soc_version = soc_version
+        self.compatible_impl = (
+            os.environ.get(COMPATIBLE_IMPL) == "1" if compatible_impl is None else compatible_impl
+        )
+
+    def reduce_dtypes(self) -> frozenset[torch.dtype]:
+        return REDUCED | (REDUCED_ON_950 if self.soc_version >= ASCEND_950 else frozenset())
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None = None,
+        dst: int = 0,
+        group: Any = None,
+    ) -> None:
+        a2_or_a3 = 220 <= self.soc_version < 240 or 250 <= self.soc_version < ASCEND_950
+        self.GATHER_COMPATIBLE.check(
+            self.compatible_impl and a2_or_a3,
+            f"{COMPATIBLE_IMPL}={'1' if self.compatible_impl else 'unset'}, SoC {self.soc_version}",
+        )
+        super().gather(tensor, gather_list, dst, group)
+
+    def _uneven(
+        self,
+        whole: torch.Tensor,
+        part: torch.Tensor,
+        splits: list[int] | None,
+        group: Any,
+    ) -> list[int]:
+        """The checks of both uneven forms; ``whole`` is split into ``part``s by ``splits``."""
+        self.UNEVEN_NPU.check(self.device == whole.device == part.device, str(whole.device))
+        self._pair(whole, part)
+        dist = self._gloo()
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        rows = int(whole.shape[0])
+        if not splits:
+            self.UNEVEN_SPLITS.check(rows % n == 0, f"{rows} rows over {n} ranks, no splits")
+            splits = [rows // n] * n
+        self.UNEVEN_SPLITS.check(
+            len(splits) == n and sum(splits) == rows, f"{splits} over {rows} rows, {n} ranks"
+        )
+        row = whole[0].numel() if rows else 1
+        self.UNEVEN_OWN_ROWS.check(
+            part.numel() == splits[rank] * row, f"{tuple(part.shape)} for split {splits[rank]}"
+        )
+        return splits
+
+    def all_gather_into_tensor_uneven(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None = None,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> None:
+        self.record("all_gather_into_tensor_uneven", output, input, output_split_sizes, group=group)
+        splits = self._uneven(output, input, output_split_sizes, group)
+        widest = max(splits)
+        padded = input.new_zeros((widest, *input.shape[1:]))
+        padded[: input.shape[0]] = input
+        everyone = input.new_empty((len(splits) * widest, *input.shape[1:]))
+        self._gloo().all_gather_into_tensor(everyone, padded, group=group)
+        parts = [everyone[r * widest : r * widest + k] for r, k in enumerate(splits)]
+        output.copy_(torch.cat(parts))
+
+    def reduce_scatter_tensor_uneven(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        input_split_sizes: list[int] | None = None,
+        op: Any = None,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> None:
+        self.record("reduce_scatter_tensor_uneven", output, input, input_split_sizes, group=group)
+        self._reduced(output, input)
+        splits = self._uneven(input, output, input_split_sizes, group)
+        reduced = input.clone()
+        self._gloo().all_reduce(reduced, group=group)
+        rank = self._gloo().get_rank(group)
+        start = sum(splits[:rank])
+        output.copy_(reduced[start : start + splits[rank]])
 
 
 def install() -> HcclDouble:
-    """In a spawned rank: the Ascend adapters call this double instead of torch.distributed."""
+    """In a spawned rank: the Ascend adapters call this double instead of torch.distributed
+    and torch_npu.distributed, with the torch_npu double (an Atlas A2) as ``torch_npu``."""
+    from sglang_fl_ascend.impl.collectives import HCCL
+
+    sdk = TorchNpuDouble()
+    sys.modules[TORCH_NPU.name] = sdk
+    TORCH_NPU.module = sdk
     double = HcclDouble()
     HCCL.api = double
     return double

@@ -1,24 +1,27 @@
 """The HCCL adapters against the HCCL double (``hccl_double.py``), on 2 and 4 spawned ranks.
 
 The kit (``run_collective_checks``) spawns gloo ranks, puts the double in place in each
-(``prepare``), sets up this wheel's communicator for the group (the real lifecycle of
-``sglang_fl.communicators``) and checks every case and dtype of every collective it serves; one hard
-timeout fails a hang. Uneven gathers and scatters are declined and served by the reference,
-so those cases pass too. Then: the refusals (before anything is sent) and the lifecycle's
-failure path (a group not on HCCL).
+(``prepare``: the HCCL double and the torch_npu double of an Atlas A2), sets up this wheel's
+communicator for the group (the real lifecycle of ``sglang_fl.communicators``) and checks
+every case and dtype of every collective it serves; one hard timeout fails a hang. Uneven
+gathers and scatters go through torch_npu's own uneven calls; ``gather`` is served only with
+``TORCH_NPU_USE_COMPATIBLE_IMPL=1`` (declined, so the reference serves it, otherwise). Then:
+the refusals (before anything is sent), per-kind dtypes, and the lifecycle's failure path (a
+group not on HCCL).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hccl_double import HcclDouble
+from hccl_double import ASCEND_950, HcclDouble
 from sglang_fl_ascend import plugin
-from sglang_fl_ascend.impl.collectives import HCCL, LEFT_TO_SGLANG
+from sglang_fl_ascend.impl.collectives import COMPATIBLE_IMPL, HCCL, LEFT_TO_SGLANG
+from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
 from sglang_fl.ops.collectives import COLLECTIVES
-from sglang_fl.testing.collective_doubles import process_group_double_tests
+from sglang_fl.testing.collective_doubles import process_group_double_tests, world_of_one
 from sglang_fl.testing.collectives import run_collective_checks
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import CollectiveGroup
@@ -38,6 +41,7 @@ def test_registers_every_collective_but_the_quantised_all_reduce() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_adapters_pass_the_kit_on_the_double(world_size: int) -> None:
+    """With the compatible implementation on, HCCL serves every case, uneven ones included."""
     results = run_collective_checks(
         world_size,
         dict.fromkeys(ALL, "vendor.ascend"),
@@ -45,20 +49,28 @@ def test_adapters_pass_the_kit_on_the_double(world_size: int) -> None:
         plugin="ascend",
         prepare="hccl_double:install",
         timeout=KIT_TIMEOUT,
+        env={COMPATIBLE_IMPL: "1"},
     )
     assert {r.op for r in results} == set(ALL)
     failed = [f"{r.case_id}: {r.message}" for r in results if not r.passed]
     assert failed == []
-    # Declined on every rank alike, before sending: the uneven counts, nothing else (the
-    # gatherv contract's list and into-output forms have uneven counts too).
-    declined = {(r.op, r.case) for r in results if r.declined}
-    assert declined == {
-        (r.op, r.case)
-        for r in results
-        if (r.op == "all_gatherv" and not r.case.endswith(",even"))
-        or (r.op == "reduce_scatterv" and ",uneven" in r.case)
-    }
-    assert all("HcclAllGather sendCount" in r.message for r in results if r.declined)
+    assert [r.case_id for r in results if r.declined] == []
+
+
+@pytest.mark.timeout(300)
+def test_without_the_compatible_implementation_gather_is_left_to_the_reference() -> None:
+    results = run_collective_checks(
+        2,
+        {"gather": "vendor.ascend"},
+        ops=["gather"],
+        dtypes=["float32"],
+        plugin="ascend",
+        prepare="hccl_double:install",
+        timeout=KIT_TIMEOUT,
+    )
+    assert results
+    assert all(r.passed and r.declined for r in results)
+    assert all(f"needs {COMPATIBLE_IMPL}=1" in r.message for r in results)
 
 
 def group(device: str = "cpu", world_size: int = 2) -> CollectiveGroup:
@@ -97,17 +109,120 @@ def test_refusals_name_the_limit_and_its_source_before_sending(
         with pytest.raises(Unsupported, match=why) as info:
             call()
         assert f"HCCL {op}:" in str(info.value)
-        assert "ProcessGroupHCCL.cpp" in str(info.value)
+        assert "torch_npu/csrc/distributed/" in str(info.value)
     assert hccl.calls == []
 
 
-def test_uneven_gathers_and_scatters_are_declined_with_the_reason(hccl: HcclDouble) -> None:
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.float64])
+def test_reductions_decline_what_checksupporteddatatype_rejects_on_a2(
+    hccl: HcclDouble, torch_npu: TorchNpuDouble, dtype: torch.dtype
+) -> None:
+    """HCCL moves these dtypes but does not reduce them on an Atlas A2/A3."""
     adapters = HCCL.implementations()
-    x = torch.zeros(3, 4)
-    with pytest.raises(Unsupported, match=r"uneven sizes \[3, 1\].*HcclAllGather sendCount"):
-        adapters["all_gatherv"](group(), x, [3, 1])
-    with pytest.raises(Unsupported, match=r"uneven sizes \[1, 3\].*pynccl only"):
+    x = torch.zeros(4, 2, dtype=dtype)
+    calls = {
+        "all_reduce": lambda: adapters["all_reduce"](group(), x),
+        "reduce_scatter_tensor": lambda: adapters["reduce_scatter_tensor"](group(), x[:2], x),
+        "reduce_scatterv": lambda: adapters["reduce_scatterv"](group(), x, None, [1, 3]),
+        "reduce_scatter": lambda: adapters["reduce_scatter"](group(), x[:2], [x[:2], x[2:]]),
+    }
+    for op, call in calls.items():
+        with pytest.raises(Unsupported, match=f"dtype {dtype} is not one its reduction") as info:
+            call()
+        assert f"HCCL {op}:" in str(info.value)
+        assert "checkSupportedDataType" in str(info.value)
+    assert hccl.calls == []
+    with world_of_one():  # moved, not reduced: a one-rank broadcast goes through
+        adapters["broadcast"](CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None), x)
+    assert hccl.called == ["broadcast"]
+
+
+def test_float64_reductions_run_on_ascend_950(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_fl_ascend.backend import TORCH_NPU
+
+    from sglang_fl.testing.doubles import install_double
+
+    install_double(monkeypatch, TorchNpuDouble(soc_version=ASCEND_950), TORCH_NPU)
+    double = HcclDouble(soc_version=ASCEND_950)
+    monkeypatch.setattr(HCCL, "api", double)
+    one = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
+    with world_of_one():
+        HCCL.implementations()["all_reduce"](one, torch.ones(3, dtype=torch.float64))
+    assert double.called == ["all_reduce"]
+    with pytest.raises(Unsupported, match=r"dtype torch\.uint8"):
+        HCCL.implementations()["all_reduce"](one, torch.ones(3, dtype=torch.uint8))
+
+
+def test_float8_moves_but_is_not_reduced(hccl: HcclDouble, torch_npu: TorchNpuDouble) -> None:
+    x = torch.zeros(4, dtype=torch.float8_e4m3fn)
+    one = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
+    with world_of_one():
+        HCCL.implementations()["all_gather_into_tensor"](one, x.clone(), x)
+    assert hccl.called == ["all_gather_into_tensor"]
+    with pytest.raises(Unsupported, match="float8_e4m3fn is not one its reduction"):
+        HCCL.implementations()["all_reduce"](one, x)
+
+
+@pytest.mark.parametrize(
+    ("env", "soc", "why"),
+    [
+        (None, 220, f"needs {COMPATIBLE_IMPL}=1"),
+        ("0", 220, f"needs {COMPATIBLE_IMPL}=1"),
+        ("1", ASCEND_950, "Atlas A2/A3 only"),
+    ],
+    ids=["unset", "off", "ascend-950"],
+)
+def test_gather_is_declined_where_processgrouphccl_gather_raises(
+    monkeypatch: pytest.MonkeyPatch, env: str | None, soc: int, why: str
+) -> None:
+    from sglang_fl_ascend.backend import TORCH_NPU
+
+    from sglang_fl.testing.doubles import install_double
+
+    install_double(monkeypatch, TorchNpuDouble(soc_version=soc), TORCH_NPU)
+    if env is None:
+        monkeypatch.delenv(COMPATIBLE_IMPL, raising=False)
+    else:
+        monkeypatch.setenv(COMPATIBLE_IMPL, env)
+    double = HcclDouble(soc_version=soc)
+    monkeypatch.setattr(HCCL, "api", double)
+    with pytest.raises(Unsupported, match=why) as info:
+        HCCL.implementations()["gather"](group(), torch.zeros(2, 3), 0)
+    assert "ProcessGroupHCCL.cpp:6535-6540" in str(info.value)
+    assert double.calls == []
+
+
+def test_a_release_without_the_uneven_calls_declines_them(
+    monkeypatch: pytest.MonkeyPatch, torch_npu: TorchNpuDouble
+) -> None:
+    """torch_npu releases before the uneven collectives: uneven sizes are declined by name
+    (the reference pads and serves them); even ones still go through HCCL."""
+
+    class OlderHccl(HcclDouble):
+        all_gather_into_tensor_uneven = None
+        reduce_scatter_tensor_uneven = None
+
+    old = OlderHccl()
+    monkeypatch.setattr(HCCL, "api", old)
+    adapters = HCCL.implementations()
+    with pytest.raises(Unsupported, match=r"uneven sizes \[3, 1\].*all_gather_into_tensor_uneven"):
+        adapters["all_gatherv"](group(), torch.zeros(3, 4), [3, 1])
+    with pytest.raises(Unsupported, match=r"uneven sizes \[1, 3\].*reduce_scatter_tensor_uneven"):
         adapters["reduce_scatterv"](group(), torch.zeros(4, 4), None, [1, 3])
+    assert old.calls == []
+
+
+def test_arguments_are_checked_as_the_references_check_them(hccl: HcclDouble) -> None:
+    """One validator (core's ``ops.collectives.arguments``) for references and libraries."""
+    adapters = HCCL.implementations()
+    with pytest.raises(
+        ValueError, match=r"all_gatherv: this rank's input has 3 rows, sizes says 1"
+    ):
+        adapters["all_gatherv"](group(), torch.zeros(3, 4), [1, 3])
+    with pytest.raises(ValueError, match=r"reduce_scatterv: sizes=\[1, 2\] must have 2 entries"):
+        adapters["reduce_scatterv"](group(), torch.zeros(4, 4), None, [1, 2])
+    with pytest.raises(ValueError, match=r"broadcast: src=2 is not a rank of the 2-rank group"):
+        adapters["broadcast"](group(), torch.zeros(4), 2)
     assert hccl.calls == []
 
 
@@ -136,7 +251,39 @@ def test_a_group_not_on_hccl_keeps_the_reference_or_fails_strictly(strict: bool)
 
 
 # The double refuses what ProcessGroupHCCL refuses, one constraint at a time
-# (sources in hccl_double.py).
+# (sources in hccl_double.py); gather needs the compatible implementation.
+FLOAT8 = torch.float8_e5m2
+
+
+def _z(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _incompatible(d: HcclDouble) -> None:
+    d.compatible_impl = False
+    d.gather(_z(3), [_z(3)], 0)
+
+
 test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constraint_is_covered = (
-    process_group_double_tests(HcclDouble)
-)
+    process_group_double_tests(
+        lambda: HcclDouble(compatible_impl=True),
+        valid=[
+            lambda d: d.all_gather_into_tensor_uneven(_z(3, 2), _z(3, 2), [3]),
+            lambda d: d.all_gather_into_tensor_uneven(_z(0, 2), _z(0, 2)),
+            lambda d: d.reduce_scatter_tensor_uneven(_z(2), _z(2), [2]),
+            lambda d: d.all_gather_into_tensor(_z(2, dtype=FLOAT8), _z(2, dtype=FLOAT8)),
+        ],
+        rejected={
+            HcclDouble.GATHER_COMPATIBLE: _incompatible,
+            HcclDouble.UNEVEN_SPLITS: lambda d: d.all_gather_into_tensor_uneven(
+                _z(3, 2), _z(3, 2), [3, 0]
+            ),
+            HcclDouble.UNEVEN_OWN_ROWS: lambda d: d.reduce_scatter_tensor_uneven(
+                _z(1), _z(2), [2]
+            ),
+            HcclDouble.UNEVEN_NPU: lambda d: d.all_gather_into_tensor_uneven(
+                torch.zeros(2, device="meta"), torch.zeros(2, device="meta"), [2]
+            ),
+        },
+    )
+)  # fmt: skip

@@ -14,24 +14,55 @@ on the same inputs, and the time per call of this backend divided by the time of
 ``--repeat 0`` skips timing). Exit status: 0 when every case passes or is declined
 (``Unsupported``), 1 when one fails, 2 when the backend is unavailable here (the reason is
 printed). The runner is core's :mod:`sglang_fl.testing.hardware`; this file only says what is
-CUDA's own.
+CUDA's own: the adapters as the plugin registers them, and its probes. ``sgl_kernel`` decides
+whether the script runs; the heading gives every other probe's verdict too (FlashAttention-3,
+which a Blackwell GPU lacks, ``sgl_kernel.mamba``'s causal convs, SGLang's Triton GDN kernels,
+NCCL), so a row declined because its piece is missing here is explained above it.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.backend import (
+    SGL_KERNEL,
+    SGL_KERNEL_MAMBA,
+    SGLANG_TRITON,
+    FlashAttnBackend,
+    NcclBackend,
+)
 
 from sglang_fl.testing.hardware import HardwareTarget, run_hardware_conformance
+from sglang_fl.types import Availability
+
+# The probes besides sgl_kernel's, each deciding a group of the plugin's adapters.
+OTHER_PROBES: dict[str, Callable[[], Availability]] = {
+    "FlashAttention-3 (decode/extend_attention)": FlashAttnBackend().is_available,
+    "causal convs": SGL_KERNEL_MAMBA.probe,
+    "GDN": SGLANG_TRITON.probe,
+    "collectives": NcclBackend().is_available,
+}
+
+
+def probe() -> Availability:
+    """``sgl_kernel``'s verdict, with every other probe's reason after it."""
+    found = SGL_KERNEL.probe()
+    if not found:
+        return found
+    others = "; ".join(
+        f"{group}: {verdict.reason if verdict else f'unavailable: {verdict.reason}'}"
+        for group, verdict in ((group, check()) for group, check in OTHER_PROBES.items())
+    )
+    return Availability(True, f"{found.reason}; {others}")
+
 
 TARGET = HardwareTarget(
     title="sglang-fl-cuda",
     register=plugin.sglang_fl_register_ops,  # the adapters exactly as the plugin registers them
-    probe=SGL_KERNEL.probe,
+    probe=probe,
     device="cuda",
     synchronize=torch.cuda.synchronize,
     sglang_forward="forward_cuda",

@@ -8,12 +8,16 @@ cu_seqlens_q=, max_seqlen_q=, softmax_scale=, causal=, window_size=, softcap=)``
 PyTorch on the CPU: paged KV through the page table, GQA head grouping, a bottom-right aligned
 causal mask, the ``(left, right)`` window, ``softcap * tanh(scale * qk / softcap)``.
 
-Its constraints are those of the wrapper (``sgl-kernel/python/sgl_kernel/flash_attn.py``) and
-of ``mha_fwd`` in FlashAttention-3's ``hopper/flash_api.cpp``, the source sgl_kernel builds its
-``fwd`` op from, each a :class:`~sglang_fl.testing.doubles.Constraint` naming its source. The
-double emulates an sm90 (Hopper) GPU; ``FlashAttnDouble(fa3_supported=False)`` one where
-``is_fa3_supported`` is false. Options the adapters never pass (appending K/V, rotary, fp8
-descales, ``qv``, LSE output, batch indices, left padding) raise ``NotImplementedError``.
+Its constraints are those of the wrapper (``sgl_kernel/flash_attn.py`` of sglang-kernel 0.4.10)
+and of ``mha_fwd`` in FlashAttention-3's ``hopper/flash_api.cpp`` (line numbers of
+Dao-AILab/flash-attention 0251105), the source sgl_kernel builds its ``fwd`` op from, each a
+:class:`~sglang_fl.testing.doubles.Constraint` naming its source. The double emulates one GPU:
+an sm90 (Hopper) with CUDA 12.4 by default, another with ``FlashAttnDouble(capability=(8, 0))``
+or ``(12, 0)``, an old toolkit with ``cuda="12.2"``; ``is_fa3_supported`` answers from them as
+the real one does, and :meth:`FlashAttnDouble.get_device_capability` stands in for
+``torch.cuda.get_device_capability`` (the ``flash_attn`` fixture installs it), so adapter and
+double see one GPU. Options the adapters never pass (appending K/V, rotary, fp8 descales,
+``qv``, LSE output, batch indices, left padding) raise ``NotImplementedError``.
 
 Not a constraint, on purpose: the wrapper's docstring says ``page_block_size must be a
 multiple of 256``. That sentence is FlashAttention-2's rule; FA3's ``mha_fwd`` takes
@@ -30,96 +34,117 @@ import torch
 
 from sglang_fl.testing.doubles import Constraint, SdkDouble
 
-WRAPPER = "sgl-kernel/python/sgl_kernel/flash_attn.py flash_attn_with_kvcache"
+WRAPPER = "sgl_kernel/flash_attn.py flash_attn_with_kvcache"
 MHA_FWD = "FlashAttention-3 hopper/flash_api.cpp mha_fwd"
+# sgl_kernel/flash_attn.py:16-28 (sglang-kernel 0.4.10).
+IS_FA3_SUPPORTED = "sgl_kernel/flash_attn.py:16-28 is_fa3_supported"
 FA = "flash_attn_with_kvcache"
 HALF = (torch.float16, torch.bfloat16)
 
 
 class FlashAttnDouble(SdkDouble):
-    """``sgl_kernel.flash_attn`` stand-in on an emulated sm90 GPU."""
+    """``sgl_kernel.flash_attn`` stand-in on one emulated GPU (sm90 and CUDA 12.4 by default)."""
 
     FA3_DEVICE = Constraint(
         FA,
-        "a GPU where is_fa3_supported() holds (sm90+, CUDA 12.4+)",
-        f"{WRAPPER}: raise NotImplementedError('flash_attn at sgl-kernel is only supported on "
-        "sm90 and above')",
-        "raises NotImplementedError",
+        "a GPU sgl_kernel builds FA3 for: compute capability 8.x or 9.x with CUDA >= 12.3, "
+        "where is_fa3_supported() holds (sm80/86/89/90)",
+        f"{IS_FA3_SUPPORTED} (torch.version.cuda >= '12.3' and major 8 or 9; 'we can build fa3 "
+        "on sm80/sm86/sm89/sm90a'); sglang-kernel 0.4.10's flash_ops.abi3.so embeds cubins for "
+        "sm_80, sm_86 and sm_90a only. flash_attn_with_kvcache does not ask is_fa3_supported "
+        "(only flash_attn_varlen_func raises NotImplementedError, flash_attn.py:306-309); "
+        f"{MHA_FWD}:711-712 checks major >= 8 ('FlashAttention only supports Ampere GPUs or "
+        "newer') and hopper/static_switch.h ARCH_SWITCH sends arch >= 90 to the sm90 kernels",
+        "has no kernel image for the GPU (sm100, sm120: the launch fails) or raises",
     )
     DTYPE = Constraint(
         FA,
-        "float16/bfloat16 (or fp8_e4m3) q, and k_cache/v_cache in q's dtype",
-        f"{MHA_FWD}: 'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type', 'query "
+        "float16/bfloat16 q, and k_cache/v_cache in q's dtype (fp8_e4m3 too, on Hopper with "
+        "descales: not modeled, so refused)",
+        f"{MHA_FWD}:715-722: 'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type', "
+        "'FlashAttention on Ampere/Ada cards only supports fp16 and bf16 data type', 'query "
         "and key must have the same dtype', 'query and value must have the same dtype'",
     )
     LAST_DIM = Constraint(
         FA,
         "k_cache and v_cache with a contiguous last dimension",
-        f"{WRAPPER}: assert k_cache.stride(-1) == 1, 'k_cache must have contiguous last "
-        "dimension' (q is made so by maybe_contiguous)",
+        f"{WRAPPER} (flash_attn.py:165, 186): assert k_cache.stride(-1) == 1, 'k_cache must "
+        "have contiguous last dimension' (q is made so by maybe_contiguous)",
         "raises AssertionError",
     )
     PAGED_SHAPES = Constraint(
         FA,
         "q [total_q, heads, head_dim]; k_cache [pages, page_size, kv_heads, head_dim] and "
         "v_cache [pages, page_size, kv_heads, v_head_dim] of one page count and page size",
-        f"{MHA_FWD}: CHECK_SHAPE(q, total_q, num_heads, head_size), CHECK_SHAPE(k, num_pages, "
-        "page_size, num_heads_k, head_size), CHECK_SHAPE(v, ..., head_size_v)",
+        f"{MHA_FWD}:823-824: CHECK_SHAPE(k, num_pages, page_size, num_heads_k, head_size), "
+        "CHECK_SHAPE(v, num_pages, page_size, num_heads_k, head_size_v); q (total_q, num_heads, "
+        "head_size)",
     )
     PAGE_TABLE = Constraint(
         FA,
         "an int32 page_table [batch, max_pages] with a contiguous last dim",
-        f"{MHA_FWD}: 'page_table must have dtype torch.int32', 'page_table must have contiguous "
-        "last dimension', CHECK_SHAPE(page_table, batch_size_k, max_num_pages_per_seq), and "
-        "'batch_size must be equal to batch_size_k'",
+        f"{MHA_FWD}:735-736, 777, 825: 'page_table must have dtype torch.int32', 'page_table "
+        "must have contiguous last dimension', 'batch_size must be equal to batch_size_k', "
+        "CHECK_SHAPE(page_table, batch_size_k, max_num_pages_per_seq)",
     )
     PAGES_COVER = Constraint(
         FA,
         "page ids inside the pool, and page_table wide enough for every cache_seqlens",
-        f"{MHA_FWD}: seqlen_k = max_num_pages_per_seq * page_size; the kernel reads "
+        f"{MHA_FWD}:768: seqlen_k = max_num_pages_per_seq * page_size; the kernel reads "
         "page_table[b, j] for every page of request b and k/v at that page, unchecked",
         "reads outside the page table or the pool",
     )
     VARLEN_Q = Constraint(
         FA,
         "a contiguous int32 cu_seqlens_q [batch + 1] with max_seqlen_q",
-        f"{MHA_FWD}: CHECK_CONTIGUOUS(cu_seqlens_q), 'cu_seqlens_q must have dtype torch.int32', "
-        "'max_seqlen_q must be provided if cu_seqlens_q is provided', CHECK_SHAPE(cu_seqlens_q, "
-        "batch_size + 1)",
+        f"{MHA_FWD}:743-745, 811: CHECK_CONTIGUOUS(cu_seqlens_q), 'cu_seqlens_q must have dtype "
+        "torch.int32', 'max_seqlen_q must be provided if cu_seqlens_q is provided', "
+        "CHECK_SHAPE(cu_seqlens_q, batch_size + 1)",
     )
     CACHE_SEQLENS = Constraint(
         FA,
         "a contiguous int32 cache_seqlens [batch]",
-        f"{WRAPPER}: passed as seqused_k; {MHA_FWD}: 'seqused_k must have dtype int32', "
-        "CHECK_CONTIGUOUS(seqused_k), CHECK_SHAPE(seqused_k, batch_size)",
+        f"{WRAPPER}: passed as seqused_k; {MHA_FWD}:836-838: 'seqused_k must have dtype "
+        "int32', CHECK_CONTIGUOUS(seqused_k), CHECK_SHAPE(seqused_k, batch_size)",
     )
     HEAD_DIM = Constraint(
         FA,
         "head_dim <= 256, and head_dim and v_head_dim multiples of 8 (16-bit inputs)",
-        f"{MHA_FWD}: 'FlashAttention forward only supports head dimension at most 256' "
-        "(get_max_headdim), 'head_size should be a multiple of 8', 'head_size_v should be a "
-        "multiple of 8'",
+        f"{MHA_FWD}:780, 854-856: 'FlashAttention forward only supports head dimension at most "
+        "256' (get_max_headdim), 'head_size should be a multiple of 8', 'head_size_v should be "
+        "a multiple of 8'",
     )
     V_HEAD_DIM = Constraint(
         FA,
         "v_head_dim == head_dim, or head_dim in (128, 192] with v_head_dim in (96, 128], or "
-        "head_dim <= 64 with v_head_dim <= 512 (Hopper only)",
-        f"{MHA_FWD}: 'If V headdim is different from Q/K dim, we only support Q/K headdim in "
-        "(128, 192] and V headdim in (96, 128], or (Q/K <= 64 and V <= 512).', 'Only Hopper "
-        "supports different V headdim'",
+        "head_dim <= 64 with v_head_dim <= 512",
+        f"{MHA_FWD}:782-786: 'If V headdim is different from Q/K dim, we only support Q/K headdim "
+        "in (128, 192] and V headdim in (96, 128], or (Q/K <= 64 and V <= 512).'",
+    )
+    V_HEAD_DIM_HOPPER = Constraint(
+        FA,
+        "v_head_dim != head_dim on a Hopper GPU (compute capability 9.x) only",
+        f"{MHA_FWD}:787: TORCH_CHECK(dprops->major == 9, 'Only Hopper supports different V "
+        "headdim')",
     )
     GQA = Constraint(
         FA,
         "heads a multiple of kv_heads",
-        f"{MHA_FWD}: 'Number of heads in key/value must divide number of heads in query'",
+        f"{MHA_FWD}:781: 'Number of heads in key/value must divide number of heads in query'",
     )
 
-    def __init__(self, *, fa3_supported: bool = True) -> None:
+    def __init__(self, *, capability: tuple[int, int] = (9, 0), cuda: str = "12.4") -> None:
         super().__init__("sgl_kernel.flash_attn")
-        self.fa3_supported = fa3_supported
+        self.capability = capability
+        self.cuda = cuda
+
+    def get_device_capability(self, device: Any = None) -> tuple[int, int]:
+        """The emulated GPU's ``torch.cuda.get_device_capability``."""
+        return self.capability
 
     def is_fa3_supported(self, device: Any = None) -> bool:
-        return self.fa3_supported
+        """As the real one: a string comparison of the CUDA version, then the major."""
+        return self.cuda >= "12.3" and self.capability[0] in (8, 9)
 
     def flash_attn_with_kvcache(
         self,
@@ -164,7 +189,9 @@ class FlashAttnDouble(SdkDouble):
         _unmodeled(not return_softmax_lse and not tuning, "LSE output, descales, tuning")
         if page_table is None or cu_seqlens_q is None or cache_seqlens is None:
             raise NotImplementedError("the test double does not model a non-paged or fixed q call")
-        self.FA3_DEVICE.check(self.fa3_supported, "is_fa3_supported() is False")
+        self.FA3_DEVICE.check(
+            self.is_fa3_supported(), f"sm{self.capability[0]}{self.capability[1]}, CUDA {self.cuda}"
+        )
         self.DTYPE.check(
             q.dtype in HALF and k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
             f"q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
@@ -208,6 +235,9 @@ class FlashAttnDouble(SdkDouble):
         self.V_HEAD_DIM.check(
             dv == d or (128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512),
             f"{d}/{dv}",
+        )
+        self.V_HEAD_DIM_HOPPER.check(
+            dv == d or self.capability[0] == 9, f"{d}/{dv} on sm{self.capability[0]}"
         )
         heads, kv_heads = q.shape[1], k_cache.shape[2]
         self.GQA.check(heads % kv_heads == 0, f"{heads}/{kv_heads}")

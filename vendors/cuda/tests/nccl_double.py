@@ -5,7 +5,8 @@ adapters call on the engine's ``nccl`` device group, so the adapters run here wi
 the calls go to the gloo group the test ranks share (CPU tensors stand for the rank's CUDA
 tensors), after every check ``ProcessGroupNCCL`` makes, each a
 :class:`~sglang_fl.testing.doubles.Constraint` naming its source: torch's
-``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`` (torch 2.x) and the NCCL user guide.
+``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`` and ``NCCLUtils.hpp`` (torch 2.x) and the
+NCCL user guide.
 ``install()`` puts it in place in a rank (``run_collective_checks(prepare=...)``).
 """
 
@@ -18,6 +19,7 @@ from sglang_fl.testing.collective_doubles import ProcessGroupDouble
 from sglang_fl.testing.doubles import Constraint
 
 PG = "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+UTILS = "torch/csrc/distributed/c10d/NCCLUtils.hpp"
 TYPES = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html"
 COLLS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/colls.html"
 
@@ -26,26 +28,28 @@ class NcclDouble(ProcessGroupDouble):
     """``ProcessGroupNCCL``'s collectives, checked as torch checks them, run on gloo."""
 
     BACKEND = "nccl"
-    # ncclDataType in ProcessGroupNCCL.cpp (bool travels as ncclUint8; bf16 with NCCL >= 2.10).
+    # The ncclDataType map (NCCLUtils.hpp), read independently of the adapters' sets: bool and
+    # the fnuz float8 variants travel as ncclUint8, bf16 with NCCL >= 2.10, float8 e4m3fn/e5m2
+    # as ncclFloat8 from NCCL 2.24 (else as bytes).
     DTYPES = frozenset(
-        {
-            torch.float32,
-            torch.float16,
-            torch.bfloat16,
-            torch.float64,
-            torch.int8,
-            torch.uint8,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-        }
-    )
+        {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+         torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+         torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+    )  # fmt: skip
 
     DTYPE = Constraint(
         "NCCL collectives",
         "a dtype NCCL has (ncclDataType_t)",
-        f"{PG}, getNcclDataType ('Unsupported data type for NCCL process group'); {TYPES}",
+        f"{UTILS}, the ncclDataType map; {PG}, getNcclDataType ('Input tensor data type is not "
+        f"supported for NCCL process group'); {TYPES}",
         "raises TypeError",
+    )
+    REDUCE_DTYPE = Constraint(
+        "NCCL all_reduce/reduce_scatter",
+        "a dtype other than float8",
+        f"{PG}, allreduce and reduce_scatter: TORCH_CHECK(!isFloat8Type(...), 'Float8 dtypes are "
+        "not currenlty supported for NCCL reductions')",
+        "raises RuntimeError",
     )
     CONTIGUOUS = Constraint(
         "NCCL collectives",
@@ -87,6 +91,10 @@ class NcclDouble(ProcessGroupDouble):
         "across group size')",
         "raises ValueError",
     )
+
+    def reduce_dtypes(self) -> frozenset[torch.dtype]:
+        """NCCL's reductions: every dtype it moves but float8 (isFloat8Type)."""
+        return frozenset(d for d in self.DTYPES if d.itemsize != 1 or not d.is_floating_point)
 
 
 def install() -> NcclDouble:

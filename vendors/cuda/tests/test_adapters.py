@@ -20,6 +20,7 @@ from sglang_fl_cuda import plugin
 from sglang_fl_cuda.impl.activation import gelu_and_mul, silu_and_mul
 from sglang_fl_cuda.impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
+from sglang_fl_cuda.impl.causal_conv import ADAPTERS as CAUSAL_CONV
 from sglang_fl_cuda.impl.collectives import COLLECTIVES, LEFT_TO_SGLANG
 from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
@@ -37,13 +38,10 @@ SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
 REGISTRY, IMPLS = SUITE.registry, SUITE.implementations
 # The attention adapters call FlashAttention-3, not sgl_kernel's top-level kernels: their cases
 # run in test_attention.py against that double; the GDN adapters call SGLang's Triton kernels:
-# test_linear_attention.py.
+# test_linear_attention.py; the causal convs sgl_kernel.mamba: test_causal_conv.py.
 ATTENTION = {"decode_attention", "extend_attention"}
-CASES = [
-    param
-    for param in SUITE.contract_cases()
-    if param.values[0] not in ATTENTION and param.values[0] not in LINEAR_ATTENTION
-]
+ELSEWHERE = {*ATTENTION, *LINEAR_ATTENTION, *CAUSAL_CONV}
+CASES = [param for param in SUITE.contract_cases() if param.values[0] not in ELSEWHERE]
 
 
 # The ops sgl_kernel has no kernel for (SGLang's own CUDA paths for them are forward_native,
@@ -98,6 +96,7 @@ def test_registers_every_op_sgl_kernel_has_as_the_adapter_itself() -> None:
         "extend_attention": extend_attention,
         **COLLECTIVES,
         **LINEAR_ATTENTION,
+        **CAUSAL_CONV,
     }
     assert set(STANDARD_OPS) - set(IMPLS) == WITHOUT_KERNEL
     for impl in IMPLS.values():

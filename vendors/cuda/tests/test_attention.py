@@ -15,7 +15,7 @@ import pytest
 import torch
 from flash_attn_double import FlashAttnDouble
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.backend import FLASH_ATTN
+from sglang_fl_cuda.backend import FA3_DEVICES, FLASH_ATTN, NO_FLASHINFER, FlashAttnBackend
 from sglang_fl_cuda.impl.attention import decode_attention, extend_attention
 
 from sglang_fl import Unsupported
@@ -148,29 +148,100 @@ def test_declines_a_pool_in_another_dtype(flash_attn: FlashAttnDouble) -> None:
     assert flash_attn.calls == []
 
 
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (12, 0)], ids=["sm80", "sm89", "sm120"])
 def test_a_wider_key_than_value_head_runs_on_hopper_only(
-    flash_attn: FlashAttnDouble, monkeypatch: pytest.MonkeyPatch
+    flash_attn: FlashAttnDouble, capability: tuple[int, int]
 ) -> None:
-    """192/128 (DeepSeek-style) is one of FA3's two allowed v_head_dim pairs, on sm90 only."""
+    """192/128 (DeepSeek-style) is one of FA3's two allowed v_head_dim pairs, on sm90 only:
+    the adapter declines it elsewhere before calling (the double would refuse the call)."""
     args = pool_args((3, 8), head_dim=192, v_head_dim=128)
     layer = attention_layer(scaling=0.1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    flash_attn.capability = capability
     with pytest.raises(Unsupported, match="Hopper only"):
         decode_attention(layer, *args, 4)
     assert flash_attn.calls == []
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    flash_attn.capability = (9, 0)
     out = decode_attention(layer, *args, 4)
     assert out.shape == (2, 4, 128)
     assert len(flash_attn.calls) == 1
 
 
-def test_declines_where_fa3_is_not_supported(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_fl.testing.doubles import install_double
-
-    double = install_double(monkeypatch, FlashAttnDouble(fa3_supported=False), FLASH_ATTN)
-    with pytest.raises(Unsupported, match="sm90"):
+@pytest.mark.parametrize(
+    ("capability", "cuda"), [((12, 0), "12.8"), ((10, 0), "12.8"), ((9, 0), "12.2")]
+)
+def test_declines_where_fa3_is_not_supported(
+    flash_attn: FlashAttnDouble, capability: tuple[int, int], cuda: str
+) -> None:
+    flash_attn.capability, flash_attn.cuda = capability, cuda
+    with pytest.raises(Unsupported, match=r"sm80/86/89/90 with CUDA >= 12\.3"):
         decode_attention(attention_layer(scaling=0.1), *pool_args((3,)), 4)
-    assert double.calls == []
+    assert flash_attn.calls == []
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_an_fp8_pool_is_declined_for_the_scales_the_contract_lacks(
+    flash_attn: FlashAttnDouble, pool_dtype: torch.dtype
+) -> None:
+    """mha_fwd takes e4m3 K/V with an e4m3 q and descales: serving the contract (K/V cast to
+    q's dtype, no scale) would quantize q. The reason says so, not that FA3 lacks fp8."""
+    q, k_cache, v_cache, req_to_token, rows, seq_lens = pool_args((3, 8))
+    k8, v8 = k_cache.to(pool_dtype), v_cache.to(pool_dtype)
+    with pytest.raises(Unsupported) as info:
+        decode_attention(attention_layer(scaling=0.1), q, k8, v8, req_to_token, rows, seq_lens, 4)
+    reason = str(info.value)
+    assert "an fp8 KV pool" in reason
+    assert "descales" in reason
+    assert "would quantize q" in reason
+    assert flash_attn.calls == []
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch sees two CUDA devices; the probes are recomputed."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(FLASH_ATTN, "count_devices", torch.cuda.device_count)
+    monkeypatch.setattr(FLASH_ATTN, "_probed", None)
+
+
+@pytest.mark.parametrize(
+    ("capability", "cuda", "available"),
+    [((9, 0), "12.4", True), ((8, 0), "12.4", True), ((10, 0), "12.8", False),
+     ((12, 0), "12.8", False), ((9, 0), "12.2", False)],
+)  # fmt: skip
+def test_the_probe_asks_is_fa3_supported_of_every_gpu(
+    flash_attn: FlashAttnDouble,
+    two_gpus: None,
+    capability: tuple[int, int],
+    cuda: str,
+    available: bool,
+) -> None:
+    """On Blackwell the module imports but FA3 has no kernel: unavailable, with the reason
+    (``sglang-fl explain`` shows it), rather than available and declining every call."""
+    flash_attn.capability, flash_attn.cuda = capability, cuda
+    verdict = FlashAttnBackend().is_available()
+    assert bool(verdict) is available
+    if available:
+        assert verdict.reason == "sgl_kernel.flash_attn 0.0.0+double imported; 2 CUDA devices"
+    else:
+        sm = f"sm{capability[0]}{capability[1]}"
+        assert verdict.reason == (
+            f"sgl_kernel's FlashAttention-3 runs on {FA3_DEVICES}, not on cuda:0 ({sm}), "
+            f"cuda:1 ({sm}) with CUDA {torch.version.cuda}; {NO_FLASHINFER}"
+        )
+
+
+def test_a_failing_device_query_is_a_reason(
+    flash_attn: FlashAttnDouble, two_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(device: object = None) -> bool:
+        raise RuntimeError("CUDA driver error: unknown error")
+
+    monkeypatch.setattr(flash_attn, "is_fa3_supported", broken)
+    verdict = FlashAttnBackend().is_available()
+    assert not verdict
+    assert verdict.reason == (
+        "probing FlashAttention-3 failed: RuntimeError: CUDA driver error: unknown error"
+    )
 
 
 def test_declines_where_the_wheel_has_no_fa3(monkeypatch: pytest.MonkeyPatch) -> None:

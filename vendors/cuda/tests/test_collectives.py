@@ -13,11 +13,11 @@ import pytest
 import torch
 from nccl_double import NcclDouble
 from sglang_fl_cuda import plugin
-from sglang_fl_cuda.impl.collectives import LEFT_TO_SGLANG, NCCL, SERVED
+from sglang_fl_cuda.impl.collectives import FLOAT8, LEFT_TO_SGLANG, NCCL, SERVED
 
 from sglang_fl import Unsupported
 from sglang_fl.ops.collectives import COLLECTIVES
-from sglang_fl.testing.collective_doubles import process_group_double_tests
+from sglang_fl.testing.collective_doubles import process_group_double_tests, world_of_one
 from sglang_fl.testing.collectives import run_collective_checks
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import CollectiveGroup
@@ -93,6 +93,32 @@ def test_refusals_name_the_limit_and_its_source_before_sending(
     assert nccl.calls == []
 
 
+@pytest.mark.parametrize("dtype", sorted(FLOAT8, key=str))
+def test_float8_moves_but_is_not_reduced(nccl: NcclDouble, dtype: torch.dtype) -> None:
+    """NCCL moves float8 (ncclFloat8 or bytes) in broadcast, send, recv, gather; its
+    reductions refuse it (reduce_scatter: declined, the reference serves)."""
+    one = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
+    adapters = NCCL.implementations(SERVED)
+    x = torch.arange(6, dtype=torch.float32).to(dtype) if dtype.itemsize == 1 else None
+    assert x is not None
+    wire = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)  # what gloo itself can carry
+    with world_of_one():
+        if wire:
+            assert (
+                adapters["broadcast"](one, x.clone(), 0)
+                .view(torch.uint8)
+                .equal(x.view(torch.uint8))
+            )
+            gathered = adapters["gather"](one, x, 0, 0)
+            assert gathered is not None
+            assert gathered.view(torch.uint8).equal(x.view(torch.uint8))
+        else:  # accepted by the adapter's checks (the double's gloo world cannot carry fnuz)
+            NCCL.check_tensors("send", one, x)
+        with pytest.raises(Unsupported, match=rf"dtype {dtype} is not one its reduction"):
+            adapters["reduce_scatter"](one, x.clone(), [x])
+    assert all(name != "reduce_scatter" for name in nccl.called)
+
+
 def test_uneven_gathers_would_be_served() -> None:
     """NCCL itself takes uneven gathers (ProcessGroupNCCL coalesces broadcasts): the library
     declines none; this wheel leaves them to SGLang's pynccl instead."""
@@ -128,6 +154,17 @@ def test_a_group_not_on_nccl_keeps_the_reference_or_fails_strictly(strict: bool)
 
 # The double refuses what ProcessGroupNCCL refuses, one constraint at a time
 # (sources in nccl_double.py).
+FP8 = torch.float8_e5m2
 test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constraint_is_covered = (
-    process_group_double_tests(NcclDouble)
+    process_group_double_tests(
+        NcclDouble,
+        valid=[
+            lambda d: d.broadcast(torch.zeros(3, dtype=torch.float8_e4m3fn), 0),
+            lambda d: d.gather(
+                torch.zeros(3, dtype=torch.float8_e5m2),
+                [torch.zeros(3, dtype=torch.float8_e5m2)],
+                0,
+            ),
+        ],
+    )
 )

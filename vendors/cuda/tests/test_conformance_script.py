@@ -13,9 +13,10 @@ from types import ModuleType
 
 import pytest
 import torch
+from causal_conv_double import SglKernelMambaDouble
 from flash_attn_double import FlashAttnDouble
 from sgl_kernel_double import SglangTritonMoeDouble, SglKernelDouble
-from sglang_fl_cuda.backend import SGL_KERNEL
+from sglang_fl_cuda.backend import FLASH_ATTN, SGL_KERNEL, SGL_KERNEL_MAMBA, SGLANG_TRITON
 from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.plugin import NO_KERNEL
 from sglang_triton_double import SglangTritonGdnDouble
@@ -42,7 +43,41 @@ def test_the_target_is_cuda(script: ModuleType) -> None:
     )
     assert target.synchronize is torch.cuda.synchronize
     assert target.device_name is torch.cuda.get_device_name
-    assert target.probe == SGL_KERNEL.probe
+    assert target.probe == script.probe
+
+
+def test_the_heading_gives_every_probe(
+    script: ModuleType,
+    sgl_kernel: SglKernelDouble,
+    flash_attn: FlashAttnDouble,
+    sgl_kernel_mamba: SglKernelMambaDouble,
+    triton_gdn: SglangTritonGdnDouble,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an emulated B200: sgl_kernel serves, FlashAttention-3 does not, and the heading says
+    why the attention rows are declined."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for sdk in (SGL_KERNEL, FLASH_ATTN, SGL_KERNEL_MAMBA, SGLANG_TRITON):
+        monkeypatch.setattr(sdk, "count_devices", torch.cuda.device_count)
+        monkeypatch.setattr(sdk, "_probed", None)
+    flash_attn.capability = (10, 0)
+    found = script.probe()
+    assert found.available
+    assert found.reason.startswith("sgl_kernel 0.0.0+double imported; 1 CUDA device; ")
+    assert (
+        "FlashAttention-3 (decode/extend_attention): unavailable: sgl_kernel's FlashAttention-3 "
+        "runs on sm80/86/89/90 with CUDA >= 12.3 (sgl_kernel/flash_attn.py is_fa3_supported), "
+        "not on cuda:0 (sm100)"
+    ) in found.reason
+    assert "causal convs: sgl_kernel.mamba 0.0.0+double imported; 1 CUDA device" in found.reason
+    assert "GDN: sglang_fl_cuda.sglang_triton 0.0.0+double imported" in found.reason
+    assert "collectives: " in found.reason
+
+
+def test_unavailable_sgl_kernel_decides(script: ModuleType) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    assert script.probe() == SGL_KERNEL.probe()
 
 
 def narrow_gates(op: str, dtypes: tuple[torch.dtype, ...]) -> int:
@@ -57,6 +92,7 @@ def test_every_case_is_checked_and_measured(
     sglang_triton_moe: SglangTritonMoeDouble,
     flash_attn: FlashAttnDouble,
     triton_gdn: SglangTritonGdnDouble,
+    sgl_kernel_mamba: SglKernelMambaDouble,
 ) -> None:
     # As on a real GPU under this script: no SGLang worker, so no SGLang runtime context.
     sglang_triton_moe.published = False

@@ -12,6 +12,7 @@ import pytest
 import sglang_fl_cuda
 import torch
 from sglang_fl_cuda import plugin
+from sglang_fl_cuda.impl.causal_conv import ADAPTERS as CAUSAL_CONV
 from sglang_fl_cuda.impl.collectives import SERVED
 from sglang_fl_cuda.impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from sglang_fl_cuda.plugin import NO_KERNEL
@@ -58,6 +59,7 @@ def test_every_op_resolves_to_reference_and_says_why_cuda_is_not_used() -> None:
         "extend_attention",
         *SERVED,  # the NCCL collectives: probed apart, no GPU either
         *LINEAR_ATTENTION,
+        *CAUSAL_CONV,
     } == VENDOR_OPS
     SUITE.assert_unused(decisions, NO_KERNEL, because="no CUDA device visible")
 
@@ -125,6 +127,8 @@ from sglang_triton_double import SglangTritonGdnDouble
 from flash_attn_double import FlashAttnDouble
 double = sys.modules["sgl_kernel"] = SglKernelDouble()
 sys.modules["sgl_kernel.flash_attn"] = FlashAttnDouble()
+from causal_conv_double import SglKernelMambaDouble
+sys.modules["sgl_kernel.mamba"] = SglKernelMambaDouble()
 import torch.distributed  # and a torch built with NCCL 2.27.3, for the collectives' probe
 torch.distributed.is_nccl_available = lambda: True
 torch.cuda.nccl.version = lambda: (2, 27, 3)
@@ -138,10 +142,11 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
                   "shape": list(out.shape)}))
 """
     )
-    # Three probes besides sgl_kernel's: FlashAttention-3 for attention, NCCL for the
-    # collectives, SGLang's Triton kernels for the GDN family.
+    # Four probes besides sgl_kernel's: FlashAttention-3 for attention, NCCL for the
+    # collectives, SGLang's Triton kernels for the GDN family, sgl_kernel.mamba for the convs.
     triton = "sglang_fl_cuda.sglang_triton 0.0.0+double imported; 1 CUDA device"
     fa3 = "sgl_kernel.flash_attn 0.0.0+double imported; 1 CUDA device"
+    convs = "sgl_kernel.mamba 0.0.0+double imported; 1 CUDA device"
     SUITE.assert_routed(
         found["decisions"],
         "sgl_kernel 0.0.0+double imported; 1 CUDA device",
@@ -149,6 +154,7 @@ print(json.dumps({"decisions": decisions, "calls": double.called,
             **dict.fromkeys(SERVED, "NCCL 2.27.3 through torch.distributed; 1 CUDA device"),
             **dict.fromkeys(LINEAR_ATTENTION, triton),
             **dict.fromkeys(("decode_attention", "extend_attention"), fa3),
+            **dict.fromkeys(CAUSAL_CONV, convs),
         },
     )
     assert found["calls"] == ["silu_and_mul"]

@@ -35,9 +35,14 @@ def fa(**parts: Any) -> Call:
     return lambda sdk: sdk.flash_attn_with_kvcache(**args)
 
 
-def unsupported_device(sdk: FlashAttnDouble) -> object:
-    sdk.fa3_supported = False
-    return fa()(sdk)
+def on(capability: tuple[int, int], call: Call, cuda: str = "12.4") -> Call:
+    """``call`` on a double emulating another GPU (or toolkit)."""
+
+    def run(sdk: FlashAttnDouble) -> object:
+        sdk.capability, sdk.cuda = capability, cuda
+        return call(sdk)
+
+    return run
 
 
 def heads(d: int, dv: int, pages: int = 6) -> dict[str, torch.Tensor]:
@@ -50,7 +55,9 @@ def heads(d: int, dv: int, pages: int = 6) -> dict[str, torch.Tensor]:
 
 VALID: list[Call] = [
     fa(),
-    fa(**heads(192, 128)),  # FA3's DeepSeek pair
+    on((8, 0), fa()),  # A100: is_fa3_supported holds for 8.x
+    on((8, 9), fa()),  # L40S
+    fa(**heads(192, 128)),  # FA3's DeepSeek pair, on Hopper
     fa(**heads(64, 512)),
     fa(**heads(256, 256)),
     fa(
@@ -62,7 +69,7 @@ VALID: list[Call] = [
     fa(q=torch.randn(3, 8, 64).half()[:, ::2]),  # strided heads: the kernel takes row strides
 ]
 REJECTED: dict[Any, Call] = {
-    D.FA3_DEVICE: unsupported_device,
+    D.FA3_DEVICE: on((10, 0), fa()),  # B200: no FA3 kernel image
     D.DTYPE: fa(q=torch.randn(3, 4, 64)),
     D.LAST_DIM: fa(k_cache=torch.randn(6, 4, 2, 128).half()[..., ::2]),
     D.PAGED_SHAPES: fa(k_cache=torch.randn(24, 2, 64).half()),
@@ -72,12 +79,38 @@ REJECTED: dict[Any, Call] = {
     D.CACHE_SEQLENS: fa(cache_seqlens=torch.tensor([3, 6])),
     D.HEAD_DIM: fa(**heads(320, 320)),
     D.V_HEAD_DIM: fa(**heads(96, 64)),
+    D.V_HEAD_DIM_HOPPER: on((8, 0), fa(**heads(192, 128))),
     D.GQA: fa(k_cache=torch.randn(6, 4, 3, 64).half(), v_cache=torch.randn(6, 4, 3, 64).half()),
 }
 
 test_valid_calls_pass, test_rejects_what_fa3_rejects, test_every_constraint_is_covered = (
     constraint_tests(FlashAttnDouble, VALID, REJECTED)
 )
+
+
+@pytest.mark.parametrize(
+    ("capability", "cuda", "supported"),
+    [
+        ((9, 0), "12.4", True),
+        ((8, 6), "12.3", True),
+        ((12, 0), "12.8", False),  # RTX 5090 / RTX PRO 6000: Blackwell, no FA3 kernel
+        ((10, 0), "12.8", False),
+        ((7, 5), "12.4", False),
+        ((9, 0), "12.2", False),
+    ],
+)
+def test_is_fa3_supported_answers_as_sgl_kernel_does(
+    capability: tuple[int, int], cuda: str, supported: bool
+) -> None:
+    assert FlashAttnDouble(capability=capability, cuda=cuda).is_fa3_supported() is supported
+
+
+def test_a_different_v_head_dim_is_refused_off_hopper() -> None:
+    """sm80 and sm120 both refuse 192/128, each for its own reason (sm120 has no FA3 at all)."""
+    for capability, constraint in (((8, 0), D.V_HEAD_DIM_HOPPER), ((12, 0), D.FA3_DEVICE)):
+        with pytest.raises(RuntimeError) as info:
+            fa(**heads(192, 128))(FlashAttnDouble(capability=capability))
+        assert constraint.rule in str(info.value)
 
 
 def test_a_page_id_outside_the_pool_is_refused() -> None:

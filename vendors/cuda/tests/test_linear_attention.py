@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import torch
 from sglang_fl_cuda import plugin
+from sglang_fl_cuda.backend import SGLANG_TRITON
 from sglang_fl_cuda.impl import linear_attention as gdn
+from sglang_fl_cuda.impl.causal_conv import ADAPTERS as CAUSAL_CONV
 from sglang_triton_double import SglangTritonGdnDouble
 
 from sglang_fl import Unsupported
@@ -31,11 +33,12 @@ def test_registers_the_six_adapters_under_the_triton_probe() -> None:
     assert {op: impl.fn for op, impl in impls.items()} == dict(gdn.ADAPTERS)
     assert {impl.impl_id for impl in impls.values()} == {"vendor.cuda"}
     # Probed on their own: a machine without sgl_kernel may still have SGLang's Triton kernels.
-    probes = {getattr(impl.available, "__self__", None) for impl in impls.values()}
-    assert [type(p).__name__ for p in probes] == ["SglangTritonBackend"]
+    (probe,) = {getattr(impl.available, "__self__", None) for impl in impls.values()}
+    assert probe.sdk is SGLANG_TRITON
     assert set(gdn.NO_KERNEL).isdisjoint(gdn.ADAPTERS)
-    # The ten GDN ops and Qwen3.5's two (its contiguous split, the attention output gate).
-    assert len(set(gdn.NO_KERNEL) | set(gdn.ADAPTERS)) == 12
+    # The ten GDN ops and Qwen3.5's two (its contiguous split, the attention output gate); the
+    # causal convs are sgl_kernel's (test_causal_conv.py).
+    assert len(set(gdn.NO_KERNEL) | set(gdn.ADAPTERS) | set(CAUSAL_CONV)) == 12
 
 
 def test_the_gated_norm_asks_for_a_new_output(triton_gdn: SglangTritonGdnDouble) -> None:
@@ -143,10 +146,10 @@ REFUSALS: Mapping[str, tuple[str, int, torch.dtype, dict[str, Any], str]] = {
     "chunk float32": ("chunk_gated_delta_rule", 2, torch.float32, {}, "float32"),
     "chunk strided pool": ("chunk_gated_delta_rule", 2, torch.bfloat16, {"pool": True}, "copies"),
     "chunk padding index": (
-        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": -1}, "outside the pool",
+        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": -1}, "outside the state pool",
     ),
     "chunk index past the pool": (
-        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": 5}, "outside the pool",
+        "chunk_gated_delta_rule", 2, torch.bfloat16, {"index": 5}, "outside the state pool",
     ),
     "recurrent scale": (
         "fused_recurrent_gated_delta_rule", 2, torch.bfloat16, {"scale": -1.0}, "scale > 0",
@@ -161,11 +164,11 @@ REFUSALS: Mapping[str, tuple[str, int, torch.dtype, dict[str, Any], str]] = {
     ),
     "packed index past the pool": (
         "fused_recurrent_gated_delta_rule_packed_decode", 2, torch.bfloat16, {"index": 7},
-        "outside the pool",
+        "outside the state pool",
     ),
     "sigmoid index past the pool": (
         "fused_sigmoid_gating_delta_rule_update", 1, torch.bfloat16, {"index": 5},
-        "outside the pool",
+        "outside the state pool",
     ),
     "sigmoid scale": (
         "fused_sigmoid_gating_delta_rule_update", 1, torch.bfloat16, {"scale": 0.0}, "scale > 0",

@@ -16,7 +16,7 @@ double in place with ``prepare="my_double_module:install"``.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
@@ -35,6 +35,8 @@ class ProcessGroupDouble(SdkDouble):
     rank's device: ``device`` here), ``SAME_DTYPE`` (output and input), ``GATHER_SIZE``
     (all-gather output = world size x input), ``SCATTER_SIZE`` (reduce-scatter input = world
     size x output), ``ALL_TO_ALL_SIZE`` (equal splits: same numel, divisible by world size).
+    A library whose reductions take fewer dtypes than it moves also sets ``REDUCE_DTYPE``
+    (checked by the reductions after ``DTYPE``) and overrides :meth:`reduce_dtypes`.
     """
 
     BACKEND: ClassVar[str]
@@ -46,6 +48,7 @@ class ProcessGroupDouble(SdkDouble):
     GATHER_SIZE: ClassVar[Constraint]
     SCATTER_SIZE: ClassVar[Constraint]
     ALL_TO_ALL_SIZE: ClassVar[Constraint]
+    REDUCE_DTYPE: ClassVar[Constraint | None] = None
     # The list forms' shapes are checked by torch.distributed itself, before any backend.
     GATHER_LIST: ClassVar[Constraint] = Constraint(
         "gather",
@@ -80,6 +83,19 @@ class ProcessGroupDouble(SdkDouble):
         self._check(output, input)
         self.SAME_DTYPE.check(output.dtype == input.dtype, f"{output.dtype} and {input.dtype}")
 
+    def reduce_dtypes(self) -> frozenset[torch.dtype]:
+        """The dtypes the library's reductions take on the emulated device (all it moves,
+        unless a subclass with a ``REDUCE_DTYPE`` rule says fewer)."""
+        return self.DTYPES
+
+    def _reduced(self, *tensors: torch.Tensor) -> None:
+        """A reduction's extra rule: its dtypes (after the checks every collective makes)."""
+        if self.REDUCE_DTYPE is None:
+            return
+        allowed = self.reduce_dtypes()
+        for tensor in tensors:
+            self.REDUCE_DTYPE.check(tensor.dtype in allowed, str(tensor.dtype))
+
     def get_backend(self, group: Any = None) -> str:
         self.record("get_backend", group)
         return self.BACKEND
@@ -87,6 +103,7 @@ class ProcessGroupDouble(SdkDouble):
     def all_reduce(self, tensor: torch.Tensor, group: Any = None) -> None:
         self.record("all_reduce", tensor, group=group)
         self._check(tensor)
+        self._reduced(tensor)
         self._gloo().all_reduce(tensor, group=group)
 
     def all_gather_into_tensor(
@@ -99,13 +116,15 @@ class ProcessGroupDouble(SdkDouble):
             output.numel() == n * input.numel(), f"{output.numel()} vs {n} x {input.numel()}"
         )
         dist = self._gloo()
-        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(output, input, group=group)
+        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        gather(_wire(output), _wire(input), group=group)
 
     def reduce_scatter_tensor(
         self, output: torch.Tensor, input: torch.Tensor, group: Any = None
     ) -> None:
         self.record("reduce_scatter_tensor", output, input, group=group)
         self._pair(output, input)
+        self._reduced(output, input)
         n = self._gloo().get_world_size(group)
         self.SCATTER_SIZE.check(
             input.numel() == n * output.numel(), f"{input.numel()} vs {n} x {output.numel()}"
@@ -124,6 +143,7 @@ class ProcessGroupDouble(SdkDouble):
         self.record("reduce_scatter", output, input_list, group=group)
         for input in input_list:
             self._pair(output, input)
+            self._reduced(output, input)
         n = self._gloo().get_world_size(group)
         self.SCATTER_LIST.check(
             len(input_list) == n and all(t.shape == output.shape for t in input_list),
@@ -154,22 +174,23 @@ class ProcessGroupDouble(SdkDouble):
                 len(gather_list) == n and all(t.shape == tensor.shape for t in gather_list),
                 f"{[tuple(t.shape) for t in gather_list]} for {n} ranks of {tuple(tensor.shape)}",
             )
-        dist.gather(tensor, gather_list, dst=dst, group=group)
+        parts = [_wire(part) for part in gather_list] if gather_list is not None else None
+        dist.gather(_wire(tensor), parts, dst=dst, group=group)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
         self.record("broadcast", tensor, src=src, group=group)
         self._check(tensor)
-        self._gloo().broadcast(tensor, src=src, group=group)
+        self._gloo().broadcast(_wire(tensor), src=src, group=group)
 
     def send(self, tensor: torch.Tensor, dst: int, group: Any = None) -> None:
         self.record("send", tensor, dst, group)
         self._check(tensor)
-        self._gloo().send(tensor, dst, group)
+        self._gloo().send(_wire(tensor), dst, group)
 
     def recv(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
         self.record("recv", tensor, src, group)
         self._check(tensor)
-        self._gloo().recv(tensor, src, group)
+        self._gloo().recv(_wire(tensor), src, group)
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, group: Any = None
@@ -181,7 +202,16 @@ class ProcessGroupDouble(SdkDouble):
             output.numel() == input.numel() and input.numel() % n == 0,
             f"{input.numel()} in, {output.numel()} out, {n} ranks",
         )
-        self._gloo().all_to_all_single(output, input, group=group)
+        self._gloo().all_to_all_single(_wire(output), _wire(input), group=group)
+
+
+# Moving data copies bits: dtypes gloo cannot carry (float8) travel as bytes of the same size.
+_AS_BYTES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as gloo carries it: a ``uint8`` view of a float8 tensor, else itself."""
+    return tensor.view(torch.uint8) if tensor.dtype in _AS_BYTES else tensor
 
 
 @contextmanager
@@ -202,10 +232,14 @@ PgDoubleT = TypeVar("PgDoubleT", bound=ProcessGroupDouble)
 
 def process_group_double_tests(
     make_double: Callable[[], PgDoubleT],
+    valid: Sequence[Callable[[PgDoubleT], object]] = (),
+    rejected: Mapping[Constraint, Callable[[PgDoubleT], object]] | None = None,
 ) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     """:func:`~sglang_fl.testing.doubles.constraint_tests` for a :class:`ProcessGroupDouble`:
     valid calls of every function, and one call per constraint valid but for it, each in a
-    one-rank gloo world. Bind the three to ``test_*`` names in a vendor's test module."""
+    one-rank gloo world (``REDUCE_DTYPE`` included when the double declares it). ``valid`` and
+    ``rejected`` add the calls of a library's own functions and constraints (run in that
+    world too). Bind the three to ``test_*`` names in a vendor's test module."""
     cls = type(make_double())
 
     def within(call: Callable[[PgDoubleT], object]) -> Callable[[PgDoubleT], object]:
@@ -218,7 +252,7 @@ def process_group_double_tests(
     def z(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    valid: list[Callable[[PgDoubleT], object]] = [
+    calls: list[Callable[[PgDoubleT], object]] = [
         within(lambda d: d.get_backend()),
         within(lambda d: d.all_reduce(z(2, 3, dtype=torch.bfloat16))),
         within(lambda d: d.all_gather_into_tensor(z(4), z(4))),
@@ -230,8 +264,9 @@ def process_group_double_tests(
         within(lambda d: d.broadcast(z(3), 0)),
         within(lambda d: d.gather(z(3), [z(3)], 0)),
         within(lambda d: d.all_to_all_single(z(6), z(6))),
+        *(within(call) for call in valid),
     ]
-    rejected: dict[Constraint, Callable[[PgDoubleT], object]] = {
+    refused: dict[Constraint, Callable[[PgDoubleT], object]] = {
         cls.DTYPE: within(lambda d: d.all_reduce(z(2, dtype=torch.complex64))),
         cls.CONTIGUOUS: within(lambda d: d.broadcast(z(4, 4)[:, ::2], 0)),
         cls.DEVICE: within(lambda d: d.all_reduce(z(2, device="meta"))),
@@ -242,4 +277,11 @@ def process_group_double_tests(
         cls.GATHER_LIST: within(lambda d: d.gather(z(3), [z(3), z(3)], 0)),
         cls.SCATTER_LIST: within(lambda d: d.reduce_scatter(z(2), [z(2), z(2)])),
     }
-    return constraint_tests(make_double, valid, rejected)
+    if cls.REDUCE_DTYPE is not None:
+        double = make_double()
+        moved_only = sorted(double.DTYPES - double.reduce_dtypes(), key=str)
+        if not moved_only:
+            raise ValueError(f"{cls.__name__}: REDUCE_DTYPE without a dtype it moves only")
+        refused[cls.REDUCE_DTYPE] = within(lambda d: d.all_reduce(z(2, dtype=moved_only[0])))
+    refused.update({constraint: within(call) for constraint, call in (rejected or {}).items()})
+    return constraint_tests(make_double, calls, refused)

@@ -6,8 +6,15 @@ from typing import Any
 
 from sglang_fl.types import CollectiveGroup, OpRegistry, hookimpl
 
-from .backend import CudaBackend, FlashAttnBackend, NcclBackend, SglangTritonBackend
-from .impl import collectives
+from .backend import (
+    SGL_KERNEL,
+    SGL_KERNEL_MAMBA,
+    SGLANG_TRITON,
+    FlashAttnBackend,
+    NcclBackend,
+    SdkBackend,
+)
+from .impl import causal_conv, collectives
 from .impl.activation import gelu_and_mul, silu_and_mul
 from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
 from .impl.attention import decode_attention, extend_attention
@@ -37,7 +44,7 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     for op_name, reason in NO_KERNEL.items():
         registry.declare_no_kernel(op_name, reason)
     registry.register_many(
-        CudaBackend().implementations(
+        SdkBackend(SGL_KERNEL).implementations(
             {
                 "silu_and_mul": silu_and_mul,
                 "rms_norm": rms_norm,
@@ -56,7 +63,9 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
         )
     )
     # SGLang's own Triton GDN kernels: the same vendor, probed on their own (no sgl_kernel).
-    registry.register_many(SglangTritonBackend().implementations(LINEAR_ATTENTION))
+    registry.register_many(SdkBackend(SGLANG_TRITON).implementations(LINEAR_ATTENTION))
+    # sgl_kernel's compiled causal convs (sgl_kernel.mamba), probed on their own.
+    registry.register_many(SdkBackend(SGL_KERNEL_MAMBA).implementations(causal_conv.ADAPTERS))
     registry.register_many(NcclBackend().implementations(collectives.COLLECTIVES))
 
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..contract import Collective, OpCase, OpContract, OpInputs, axis, case_grid
 from . import _common as c
+from .arguments import check_rank
 from .group import CollectiveGroup
 
 
@@ -23,8 +24,7 @@ def _signature(group: CollectiveGroup, input_: torch.Tensor, src: int = 0) -> to
 
 def reference(group: CollectiveGroup, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
     """SGLang's path without pynccl: ``torch.distributed.broadcast`` from the global rank."""
-    if not 0 <= src < group.world_size:
-        raise ValueError(f"broadcast: src={src} is not a rank of the {group.world_size}-rank group")
+    check_rank("broadcast", "src", src, group)
     dist.broadcast(input_, src=group.ranks[src], group=group.device_group)
     return input_
 

@@ -11,6 +11,13 @@ import torch.distributed as dist
 
 from ..contract import Collective, OpCase, OpContract, OpInputs, axis, case_grid
 from . import _common as c
+from .arguments import (
+    check_dim,
+    check_output_shape,
+    check_rank,
+    gatherv_counts,
+    gatherv_inputs,
+)
 from .group import CollectiveGroup
 
 # -- all_gather -----------------------------------------------------------------------------------
@@ -36,8 +43,7 @@ def all_gather_reference(
     group: CollectiveGroup, input_: torch.Tensor, dim: int = -1
 ) -> torch.Tensor:
     """SGLang's CPU path: ``all_gather_single`` into ``[n * d0, ...]``, then its reshape."""
-    if not -input_.dim() <= dim < input_.dim():
-        raise ValueError(f"all_gather: dim={dim} is out of range for shape {tuple(input_.shape)}")
+    check_dim("all_gather", input_, dim)
     n = group.world_size
     out = torch.empty(
         (n * input_.shape[0], *input_.shape[1:]), dtype=input_.dtype, device=input_.device
@@ -167,20 +173,12 @@ def all_gatherv_reference(
     pynccl for this op): each rank pads its rows to the largest count, one ``all_gather_single``,
     then the padding is cut away."""
     n = group.world_size
-    single = isinstance(input_, torch.Tensor)
-    tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
-    if output is not None and not single:
-        raise ValueError("all_gatherv: output= requires a single-tensor input")
-    if sizes is not None and len(sizes) != n:
-        raise ValueError(f"all_gatherv: sizes={sizes} must have one entry per rank ({n})")
+    tensors = gatherv_inputs(input_, output)
     results = []
     for tensor in tensors:
-        counts = sizes if sizes is not None else [tensor.shape[0]] * n
-        if tensor.shape[0] != counts[group.rank_in_group]:
-            raise ValueError(
-                f"all_gatherv: this rank's input has {tensor.shape[0]} rows, sizes says "
-                f"{counts[group.rank_in_group]}"
-            )
+        counts = gatherv_counts(group, tensor, sizes)
+        if output is not None:
+            check_output_shape("all_gatherv", output, (sum(counts), *tensor.shape[1:]))
         widest = max(counts)
         padded = tensor.new_zeros((widest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
@@ -188,10 +186,6 @@ def all_gatherv_reference(
         c.all_gather_single(everyone, padded, group=group.device_group)
         gathered = torch.cat([everyone[r * widest : r * widest + k] for r, k in enumerate(counts)])
         if output is not None:
-            if tuple(output.shape) != tuple(gathered.shape):
-                raise ValueError(
-                    f"all_gatherv: output shape {tuple(output.shape)} != {tuple(gathered.shape)}"
-                )
             output.copy_(gathered)
             gathered = output
         results.append(gathered)
@@ -288,10 +282,8 @@ def gather_reference(
 ) -> torch.Tensor | None:
     """SGLang's path: ``torch.distributed.gather`` to the global rank, then a concatenation."""
     n = group.world_size
-    if not 0 <= dst < n:
-        raise ValueError(f"gather: dst={dst} is not a rank of the {n}-rank group")
-    if not -input_.dim() <= dim < input_.dim():
-        raise ValueError(f"gather: dim={dim} is out of range for shape {tuple(input_.shape)}")
+    check_rank("gather", "dst", dst, group)
+    check_dim("gather", input_, dim)
     mine = group.rank_in_group == dst
     parts = [torch.empty_like(input_) for _ in range(n)] if mine else None
     dist.gather(input_, parts, dst=group.ranks[dst], group=group.device_group)

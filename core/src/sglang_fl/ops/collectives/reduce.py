@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..contract import Collective, OpCase, OpContract, OpInputs, axis, case_grid
 from . import _common as c
+from .arguments import check_one_per_rank, check_output_shape, scatterv_counts
 from .group import CollectiveGroup
 
 
@@ -201,17 +202,13 @@ def reduce_scatterv_reference(
 ) -> torch.Tensor:
     """torch.distributed has no uneven reduce-scatter (SGLang needs pynccl for it): an
     ``all_reduce`` of a copy, then this rank's rows; the order of the sum is the backend's."""
-    n, rank = group.world_size, group.rank_in_group
-    if sizes is not None and (len(sizes) != n or sum(sizes) != input_.shape[0]):
-        raise ValueError(
-            f"reduce_scatterv: sizes={sizes} must have {n} entries summing to "
-            f"input_.shape[0]={input_.shape[0]}"
-        )
-    if sizes is None and input_.shape[0] % n:
-        raise ValueError(f"reduce_scatterv: {input_.shape[0]} rows do not split into {n} ranks")
+    counts = scatterv_counts(group, input_, sizes)
+    start, mine = sum(counts[: group.rank_in_group]), counts[group.rank_in_group]
+    if output is not None:
+        check_output_shape("reduce_scatterv", output, (mine, *input_.shape[1:]))
     reduced = input_.clone()
     dist.all_reduce(reduced, group=group.device_group)
-    part = reduced[_slice_of(sizes, input_.shape[0], n, rank)]
+    part = reduced[start : start + mine]
     if output is None:
         return part.contiguous()
     output.copy_(part)
@@ -303,11 +300,7 @@ def reduce_scatter_list_reference(
     group: CollectiveGroup, output: torch.Tensor, input_list: list[torch.Tensor]
 ) -> torch.Tensor:
     """SGLang's call: ``torch.distributed.reduce_scatter`` on the device group."""
-    if len(input_list) != group.world_size:
-        raise ValueError(
-            f"reduce_scatter: input_list has {len(input_list)} tensors, the group has "
-            f"{group.world_size} ranks (one each)"
-        )
+    check_one_per_rank("reduce_scatter", "input_list", input_list, group)
     dist.reduce_scatter(output, list(input_list), group=group.device_group)
     return output
 

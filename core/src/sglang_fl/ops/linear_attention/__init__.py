@@ -9,6 +9,9 @@ In call order for one GDN layer: ``fused_qkvzba_split_reshape_cat`` (unpack the 
 (decode), ``rms_norm_gated`` (the output norm); ``track_mamba_states`` snapshots decode
 states for the hybrid radix cache. ``fused_recurrent_gated_delta_rule`` is FLA's
 token-by-token form (the FlagOS plugin routes it too).
+
+:func:`check_state_indices` is the pool-index check the references make and vendor adapters
+share (their kernels do not check the bound): it raises the exception kind its caller names.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from .projection import (
     FUSED_QKVZBA_SPLIT_RESHAPE_CAT,
     FUSED_QKVZBA_SPLIT_RESHAPE_CAT_CONTIGUOUS,
 )
+from .state_indices import PAD_SLOT_ID, check_state_indices
 from .track import TRACK_MAMBA_STATES
 
-__all__ = ["LINEAR_ATTENTION_OPS"]
+__all__ = ["LINEAR_ATTENTION_OPS", "PAD_SLOT_ID", "check_state_indices"]
 
 LINEAR_ATTENTION_OPS: tuple[OpContract, ...] = (
     FUSED_QKVZBA_SPLIT_RESHAPE_CAT,

@@ -30,8 +30,6 @@ CHUNK_SIZE = 64
 # The epsilon of the query/key L2 normalisation in FLA's and SGLang's kernels
 # (``l2norm_fwd``; ``tl.sqrt(sum(x * x) + 1e-6)`` in the decode kernels).
 L2NORM_EPS = 1e-6
-# SGLang's ``PAD_SLOT_ID``: a state index meaning "padding row, touch no state".
-PAD_SLOT_ID = -1
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -72,26 +70,14 @@ def expand_heads(x: torch.Tensor, num_v_heads: int, op: str) -> torch.Tensor:
     return x.repeat_interleave(ratio, dim=-2) if ratio != 1 else x
 
 
-def check_state_indices(
-    op: str, indices: torch.Tensor, pool_slots: int, *, allow_padding: bool = True
-) -> list[int]:
-    """The indices as ints; one outside the pool is an ``IndexError`` naming ``op``.
-
-    A state index selects the pool row a request reads and writes in place; an index past the
-    pool would write another request's (or another tensor's) memory, so it is refused, never
-    clamped. ``PAD_SLOT_ID`` (-1) marks a padding row where the caller allows padding.
-    """
-    values = [int(i) for i in indices.reshape(-1).tolist()]
-    for position, value in enumerate(values):
-        if 0 <= value < pool_slots or (allow_padding and value == PAD_SLOT_ID):
-            continue
-        allowed = f"0..{pool_slots - 1}" if pool_slots else "none (the pool is empty)"
-        padding = f", or {PAD_SLOT_ID} for a padding row" if allow_padding else ""
-        raise IndexError(
-            f"{op}: state index {value} at position {position} is outside the state pool of "
-            f"{pool_slots} slots (allowed: {allowed}{padding})"
-        )
-    return values
+def scrambled_slots(count: int, pool: int) -> torch.Tensor:
+    """``count`` distinct rows of a ``pool``-row state pool, int32, in a scrambled order (odd
+    rows descending, then even ones): never ``0..count - 1``, so a kernel ignoring the indices
+    fails a case, and never one row twice (a batch's rows run concurrently in a kernel)."""
+    if count > pool:
+        raise ValueError(f"{count} distinct slots do not fit a pool of {pool}")
+    order = [*range(pool - 1, -1, -2), *range(pool - 2, -1, -2)]
+    return torch.tensor(order[:count], dtype=torch.int32)
 
 
 def check_cu_seqlens(op: str, cu_seqlens: torch.Tensor, total_tokens: int) -> list[int]:

@@ -24,7 +24,8 @@ from ..contract import (
     OpInputs,
     random_tensor,
 )
-from ._gdn import PAD_SLOT_ID, check_state_indices
+from ._gdn import scrambled_slots
+from .state_indices import PAD_SLOT_ID, check_state_indices
 
 __all__ = ["CAUSAL_CONV1D_FN", "CAUSAL_CONV1D_UPDATE"]
 
@@ -84,9 +85,11 @@ def _fn_signature(
     where ``has_initial_state[i]`` (else by zeros); afterwards that slot holds the last
     ``W - 1`` inputs (previous state included when the sequence is shorter). A
     ``pad_slot_id`` index skips the sequence (output zeros, no state touched); other indices
-    outside the pool are an ``IndexError`` naming the op. ``activation`` ``"silu"``/
-    ``"swish"``/``True`` applies SiLU. Float32 inside; returns ``(out, conv_states)``,
-    ``out`` ``[dim, T]`` in ``x``'s dtype, ``conv_states`` the pool, written in place.
+    outside the pool are an ``IndexError`` naming the op. Sequences that are not padding have
+    distinct indices (SGLang gives each request its own slot; kernels run them concurrently).
+    ``activation`` ``"silu"``/``"swish"``/``True`` applies SiLU. Float32 inside; returns
+    ``(out, conv_states)``, ``out`` ``[dim, T]`` in ``x``'s dtype, ``conv_states`` the pool,
+    written in place.
     """
     raise NotImplementedError
 
@@ -116,13 +119,12 @@ def causal_conv1d_fn(
         )
     if cache_indices is None:
         slots = list(range(batch))
-        check_state_indices(op, torch.tensor(slots), conv_states.shape[0], allow_padding=False)
+        check_state_indices(op, torch.arange(batch), conv_states.shape[0], pad_slot_id=None)
     else:
         if cache_indices.numel() != batch:
             raise ValueError(f"{op}: {cache_indices.numel()} cache indices for {batch} sequences")
+        check_state_indices(op, cache_indices, conv_states.shape[0], pad_slot_id=pad_slot_id)
         slots = [int(i) for i in cache_indices.reshape(-1).tolist()]
-        real = torch.tensor([s for s in slots if s != pad_slot_id], dtype=torch.int64)
-        check_state_indices(op, real, conv_states.shape[0], allow_padding=False)
     initial = (
         [bool(i) for i in has_initial_state.reshape(-1).tolist()]
         if has_initial_state is not None
@@ -163,7 +165,8 @@ def _update_signature(
     ``x`` ``[B, dim]`` (one token) or ``[B, dim, L]``; ``conv_state`` ``[N_slots, dim, W - 1]``;
     row ``i`` uses and then shifts ``conv_state[conv_state_indices[i]]`` (row ``i`` without
     indices). ``pad_slot_id`` rows are skipped (zeros, no state touched); other out-of-pool
-    indices are an ``IndexError`` naming the op. Returns ``(out, conv_state)``: ``out`` as
+    indices are an ``IndexError`` naming the op; rows that are not padding have distinct
+    indices. Returns ``(out, conv_state)``: ``out`` as
     ``x`` (shape and dtype), ``conv_state`` the pool, written in place. (SGLang's speculative
     options, ``cache_seqlens`` and the intermediate windows, are not part of this contract.)
     """
@@ -189,13 +192,12 @@ def causal_conv1d_update(
     batch, dim, length = x3.shape
     if conv_state_indices is None:
         slots = list(range(batch))
-        check_state_indices(op, torch.tensor(slots), conv_state.shape[0], allow_padding=False)
+        check_state_indices(op, torch.arange(batch), conv_state.shape[0], pad_slot_id=None)
     else:
         if conv_state_indices.numel() != batch:
             raise ValueError(f"{op}: {conv_state_indices.numel()} state indices for {batch} rows")
+        check_state_indices(op, conv_state_indices, conv_state.shape[0], pad_slot_id=pad_slot_id)
         slots = [int(i) for i in conv_state_indices.reshape(-1).tolist()]
-        real = torch.tensor([s for s in slots if s != pad_slot_id], dtype=torch.int64)
-        check_state_indices(op, real, conv_state.shape[0], allow_padding=False)
     out = torch.zeros(batch, dim, length, dtype=torch.float32, device=x.device)
     live = [i for i, s in enumerate(slots) if s != pad_slot_id]
     if live:
@@ -247,10 +249,7 @@ def _pool_and_slots(
     count: int, dim: int, width: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     pool = random_tensor((count + 2, dim, width - 1), dtype, device, gen)
-    slots = torch.tensor(
-        [(count + 1 - 2 * i) % (count + 2) for i in range(count)], dtype=torch.int32
-    )
-    return pool, slots
+    return pool, scrambled_slots(count, count + 2)
 
 
 def _fn_inputs(

@@ -18,15 +18,15 @@ import torch
 
 from ..contract import OpCase, OpContract, OpInputs, Tolerance, random_tensor
 from ._gdn import (
-    PAD_SLOT_ID,
-    check_state_indices,
     chunked_sequence,
     gdn_decay,
     l2norm,
     prepare_qkv,
     recurrent_step,
+    scrambled_slots,
     sequence_bounds,
 )
+from .state_indices import PAD_SLOT_ID, check_state_indices
 
 __all__ = [
     "CHUNK_GATED_DELTA_RULE",
@@ -106,16 +106,15 @@ def chunk_gated_delta_rule(
     if initial_state is not None:
         if initial_state_indices is None:
             slots = list(range(len(spans)))
-            check_state_indices(op, torch.tensor(slots), initial_state.shape[0])
+            check_state_indices(op, torch.arange(len(spans)), initial_state.shape[0])
         else:
             if initial_state_indices.numel() != len(spans):
                 raise ValueError(
                     f"{op}: {initial_state_indices.numel()} state indices for "
                     f"{len(spans)} sequences"
                 )
-            slots = check_state_indices(
-                op, initial_state_indices, initial_state.shape[0], allow_padding=False
-            )
+            check_state_indices(op, initial_state_indices, initial_state.shape[0], pad_slot_id=None)
+            slots = initial_state_indices.reshape(-1).tolist()
         states = initial_state
     else:
         slots = list(range(len(spans)))
@@ -286,7 +285,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
             f"{ssm_state_indices.numel()}) and out [{batch}, 1, {heads_v}, {dv}] (got "
             f"{list(out.shape)})"
         )
-    slots = check_state_indices(op, ssm_state_indices, initial_state.shape[0])
+    check_state_indices(op, ssm_state_indices, initial_state.shape[0])
+    slots = ssm_state_indices.reshape(-1).tolist()
     live = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID]
     if len(live) == batch:  # no padding row (the common case): no row gathers
         rows = None
@@ -381,7 +381,8 @@ def fused_sigmoid_gating_delta_rule_update(
         raise ValueError(
             f"{op}: {initial_state_indices.numel()} state indices for {len(spans)} sequences"
         )
-    slots = check_state_indices(op, initial_state_indices, initial_state_source.shape[0])
+    check_state_indices(op, initial_state_indices, initial_state_source.shape[0])
+    slots = initial_state_indices.reshape(-1).tolist()
     qf, kf, vf = prepare_qkv(op, q, k, v, scale, use_qk_l2norm_in_kernel)
     g = gdn_decay(A_log, a, dt_bias, softplus_beta, softplus_threshold).reshape(
         batch, tokens, heads_v
@@ -467,12 +468,6 @@ def _decays(shape: tuple[int, ...], device: torch.device, gen: torch.Generator) 
     return -0.5 * torch.rand(shape, generator=gen).to(device)
 
 
-def _slots(count: int, pool: int) -> torch.Tensor:
-    """Distinct pool rows in a scrambled order (never 0..n-1, so a kernel ignoring the
-    indices fails)."""
-    return torch.tensor([(pool - 1 - 2 * i) % pool for i in range(count)], dtype=torch.int32)
-
-
 CHUNK_CASES = (
     _case(lens=(), heads=HEADS[0]),
     _case(lens=(1,), heads=HEADS[0]),
@@ -501,7 +496,7 @@ def _chunk_inputs(
     )
     kwargs = {
         "initial_state": pool,
-        "initial_state_indices": _slots(len(lens), pool.shape[0]).to(device),
+        "initial_state_indices": scrambled_slots(len(lens), pool.shape[0]).to(device),
         "cu_seqlens": cu.to(device),
         "use_qk_l2norm_in_kernel": p.get("l2norm", True),
         "inplace_update": p.get("inplace", True),
@@ -612,7 +607,7 @@ def _packed_inputs(
     b = random_tensor((batch, hv), dtype, device, generator)
     A_log, dt_bias = _gate_params(hv, dtype, device, generator)
     pool = _pool(batch + 2, p, device, generator)
-    indices = _slots(batch, pool.shape[0])
+    indices = scrambled_slots(batch, pool.shape[0])
     if p.get("padding"):
         indices[1] = PAD_SLOT_ID
     out = random_tensor((batch, 1, hv, dv), dtype, device, generator)
@@ -660,7 +655,7 @@ def _sigmoid_inputs(
     b = random_tensor((total, hv), dtype, device, generator)
     A_log, dt_bias = _gate_params(hv, dtype, device, generator)
     pool = _pool(len(lens) + 2, p, device, generator)
-    indices = _slots(len(lens), pool.shape[0])
+    indices = scrambled_slots(len(lens), pool.shape[0])
     if p.get("padding"):
         indices[2] = PAD_SLOT_ID
     cu = torch.tensor(

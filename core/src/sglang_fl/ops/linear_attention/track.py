@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..contract import STANDARD_DTYPES, OpCase, OpContract, OpInputs, Tolerance, random_tensor
-from ._gdn import check_state_indices
+from .state_indices import check_state_indices
 
 __all__ = ["TRACK_MAMBA_STATES"]
 
@@ -54,10 +54,11 @@ def track_mamba_states(
     rows = [i for i, m in enumerate(mask) if m]
     if rows:
         pool = conv_states.shape[1]
-        src = check_state_indices(op, cache_indices[rows], pool, allow_padding=False)
-        dst = check_state_indices(op, mamba_track_indices[rows], pool, allow_padding=False)
-        src_t = torch.tensor(src, device=conv_states.device)
-        dst_t = torch.tensor(dst, device=conv_states.device)
+        src, dst = cache_indices[rows], mamba_track_indices[rows]
+        check_state_indices(op, src, pool, pad_slot_id=None)
+        check_state_indices(op, dst, pool, pad_slot_id=None)
+        src_t = src.to(device=conv_states.device, dtype=torch.int64)
+        dst_t = dst.to(device=conv_states.device, dtype=torch.int64)
         conv_states[:, dst_t] = conv_states[:, src_t]
         ssm_states[:, dst_t] = ssm_states[:, src_t]
     return conv_states, ssm_states

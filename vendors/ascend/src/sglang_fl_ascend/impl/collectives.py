@@ -4,52 +4,128 @@ On an NPU, SGLang 0.5.23's ``GroupCoordinator`` has no communicator of its own (
 custom all-reduce and symmetric memory are CUDA-only; ``srt/distributed/parallel_state.py``):
 every collective is one ``torch.distributed`` call on the ``hccl`` device group, which ``import
 torch_npu`` registers (``ProcessGroupHCCL``). This wheel serves every collective but
-``quant_all_reduce`` that way (``ProcessGroupHCCL`` implements ``gather`` and the list
-``reduce_scatter`` too: Ascend op-plugin, ``docs/context/c10d_npu-ProcessGroupHCCL.md``), so the
-kit checks them and ``sglang-fl ops`` names HCCL. vllm-ascend drives HCCL the same way: its
-``NPUCommunicator`` (``vllm_ascend/distributed/device_communicators/npu_communicator.py``)
-keeps vLLM's base-class collectives, ``torch.distributed`` calls on the device group, adding
-only its own all-to-all. Uneven gathers and scatters are declined (the reference pads and serves
-them): SGLang has them on pynccl only, and torch.distributed's tensor collectives take one count
-for every rank.
+``quant_all_reduce`` that way, so the kit checks them and ``sglang-fl ops`` names HCCL.
+vllm-ascend drives HCCL the same way: its ``NPUCommunicator``
+(``vllm_ascend/distributed/device_communicators/npu_communicator.py``) keeps vLLM's base-class
+collectives, ``torch.distributed`` calls on the device group, adding only its own all-to-all.
+
+What ``ProcessGroupHCCL`` takes, read in torch_npu's source (``master``, the tree that builds
+2.14.0 and 2.15.0: ``version.txt``), each limit below with its line:
+
+- every dtype of ``kScalarTypeToHcclDataType`` moves (float8 included); reductions take only
+  ``checkSupportedDataType``'s (no uint8, bool or float64; float64 and uint64 on Ascend 950);
+- ``gather`` raises unless ``TORCH_NPU_USE_COMPATIBLE_IMPL=1`` on an Atlas A2/A3
+  (``IsCompatibleSoc``): declined otherwise, so the reference serves it;
+- uneven ``all_gatherv``/``reduce_scatterv`` go through torch_npu's own
+  ``torch_npu.distributed.all_gather_into_tensor_uneven`` / ``reduce_scatter_tensor_uneven``
+  (``HcclAllGatherV``/``HcclReduceScatterV``, split sizes in rows of dim 0); a release
+  without them declines those calls.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-from sglang_fl.types import CollectiveGroup, ProcessGroupLibrary
+from sglang_fl.types import CollectiveGroup, DtypeSet, ProcessGroupLibrary, UnevenCalls
+
+from ..backend import AscendSoc, platform
 
 _PG_HCCL = "torch_npu/csrc/distributed/ProcessGroupHCCL.cpp"
+_UTILS = "torch_npu/csrc/distributed/HCCLUtils.cpp"
+_C10D = "torch_npu/distributed/distributed_c10d.py"
+# The env option ProcessGroupHCCL::gather reads (EnvVariables.cpp: REGISTER_OPTION_INIT_BY_ENV,
+# CheckCompatibleImpl true for "1" only).
+COMPATIBLE_IMPL = "TORCH_NPU_USE_COMPATIBLE_IMPL"
+
+# kScalarTypeToHcclDataType (HCCLUtils.cpp:49-65): what getHcclDataType maps, i.e. what
+# HCCL moves; bool travels as HCCL_DATA_TYPE_UINT8.
+MOVED = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float64,
+        torch.bool,
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    }
+)
+# checkSupportedDataType (ProcessGroupHCCL.cpp:170-188), called by allreduce (:4765),
+# reduce_scatter (:5982) and _reduce_scatter_base (:6234): what HCCL reduces everywhere...
+REDUCED = frozenset(
+    {
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.bfloat16,
+    }
+)
+# ...and what it reduces on Ascend 950 only (a5ExtraDataTypes).
+REDUCED_ON_950 = frozenset({torch.uint64, torch.float64})
+
+
+def _on_ascend_950() -> bool:
+    return platform().soc is AscendSoc.A5
+
+
+def gather_unavailable() -> str | None:
+    """Why ``ProcessGroupHCCL::gather`` would raise here, or ``None``: it runs only with
+    ``TORCH_NPU_USE_COMPATIBLE_IMPL=1`` on an Atlas A2/A3 (``ProcessGroupHCCL.cpp``:6535-6540,
+    ``IsCompatibleSoc`` :505-512: 910B1 <= SoC < 310B1 or 910_9391 <= SoC < Ascend950)."""
+    source = f"{_PG_HCCL}:6535-6540, 'ProcessGroupHCCL does not support gather'"
+    if os.environ.get(COMPATIBLE_IMPL) != "1":
+        return f"ProcessGroupHCCL::gather needs {COMPATIBLE_IMPL}=1 (source: {source})"
+    found = platform()
+    if found.soc not in (AscendSoc.A2, AscendSoc.A3):
+        return (
+            f"ProcessGroupHCCL::gather runs on Atlas A2/A3 only (IsCompatibleSoc), not "
+            f"{found.describe()} (source: {source})"
+        )
+    return None
+
+
 HCCL = ProcessGroupLibrary(
     name="HCCL",
     backend="hccl",
-    dtypes=frozenset(
-        {
-            torch.uint8,
-            torch.int8,
-            torch.int16,
-            torch.int32,
-            torch.int64,
-            torch.float16,
-            torch.float32,
-            torch.float64,
-            torch.bool,
-            torch.bfloat16,
-        }
+    dtypes=MOVED,
+    dtypes_source=f"{_UTILS}:49-65, kScalarTypeToHcclDataType read by getHcclDataType",
+    reduce_dtypes=DtypeSet(
+        REDUCED,
+        f"{_PG_HCCL}:170-188, checkSupportedDataType ('HCCL <op>: Unsupported data type'; "
+        "uint64/float64 on Ascend 950 only), called by allreduce, reduce_scatter and "
+        "_reduce_scatter_base",
+        only_where=REDUCED_ON_950,
+        where=_on_ascend_950,
+        where_text="on Ascend 950 only",
     ),
-    dtypes_source=f"{_PG_HCCL}, kScalarTypeToHcclDataType read by getHcclDataType",
     layout_source=(
         f"{_PG_HCCL}, check_npu_single_tensor (dense NPU tensors, contiguous); HCCL API "
         "reference: sendBuf/recvBuf are device memory of the communicator's device"
     ),
-    uneven=(
-        "torch.distributed all_gather_into_tensor / reduce_scatter_tensor pass one count for "
-        "every rank (HcclAllGather sendCount, HcclReduceScatter recvCount: hccl.h); SGLang "
-        "0.5.23 has uneven gathers on pynccl only (GroupCoordinator.all_gatherv)"
+    uneven=UnevenCalls(
+        module="torch_npu.distributed",
+        all_gather="all_gather_into_tensor_uneven",
+        reduce_scatter="reduce_scatter_tensor_uneven",
+        source=(
+            f"{_C10D}:406-462 (_reduce_scatter_tensor_uneven, _all_gather_into_tensor_uneven); "
+            f"{_PG_HCCL}:5301-5540 (HcclReduceScatterV/HcclAllGatherV, check_split_sizes)"
+        ),
     ),
+    requirements={"gather": gather_unavailable},
 )
 
 COLLECTIVES = HCCL.implementations()

@@ -12,8 +12,13 @@ What the kernel cannot serve is declined with ``Unsupported`` before anything ru
 ``hopper/flash_api.cpp`` (``mha_fwd``) of FlashAttention-3, which sgl_kernel builds:
 float16/bfloat16 only, head sizes up to 256 and multiples of 8, a value head size other than
 the key's only in (128, 192] -> (96, 128] or <= 64 -> <= 512 and only on Hopper; K/V in
-``q``'s dtype; FA3 itself only where ``is_fa3_supported`` (sm90+, CUDA 12.4+). Empty batches
-return without a launch.
+``q``'s dtype. An fp8 (e4m3) pool is declined for what it is: ``mha_fwd`` takes one only with
+``q`` in fp8 too and per-request descales, on Hopper, returning bfloat16; the contract casts
+K/V to ``q``'s dtype with no scale, so serving it would quantize ``q`` (SGLang's ``fa3``
+backend does, with the layer's ``k_scale``/``v_scale``, which the contract does not carry).
+FA3 itself runs only where ``is_fa3_supported`` holds (sm80/86/89/90, CUDA >= 12.3): the
+backend's probe asks it for every visible GPU (:data:`~sglang_fl_cuda.backend.FA3_DEVICES`)
+and each call for its own. Empty batches return without a launch.
 
 ``store_kv_cache`` has no adapter: sgl_kernel has no KV store kernel (SGLang's CUDA
 ``set_kv_buffer`` runs its own JIT ``store_cache``), so the plugin declares none.
@@ -30,7 +35,7 @@ from sglang_fl.ops.attention import NO_WINDOW
 from sglang_fl.ops.attention.paging import cumulative_lengths, page_table, paged_cache
 from sglang_fl.types import Unsupported
 
-from ..backend import FLASH_ATTN
+from ..backend import FA3_DEVICES, FLASH_ATTN
 
 __all__ = ["NO_KERNEL", "decode_attention", "extend_attention"]
 
@@ -40,7 +45,10 @@ NO_KERNEL = {
 }
 
 _SOURCE = "FlashAttention-3 hopper/flash_api.cpp mha_fwd"
-_DTYPES = frozenset({torch.float16, torch.bfloat16})  # fp8 e4m3 too, which no contract uses
+_DTYPES = frozenset({torch.float16, torch.bfloat16})
+# mha_fwd's fp8 input (flash_api.cpp:715-722, 859, 1115-1144): q, K and V all e4m3 with
+# [batch, kv_heads] descales, bfloat16 out, Hopper only.
+_FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 MAX_HEAD_DIM = 256  # get_max_headdim() of the sm90 build
 HEAD_DIM_ALIGNMENT = 8  # head_size % 8 for 16-bit inputs
 
@@ -52,10 +60,7 @@ def _flash_attn(q: torch.Tensor) -> ModuleType:
     except ImportError as exc:
         raise Unsupported(f"sgl_kernel has no FlashAttention-3 here: {exc}") from exc
     if not module.is_fa3_supported(q.device):
-        raise Unsupported(
-            "sgl_kernel's FlashAttention-3 runs on sm90+ with CUDA 12.4+ only "
-            "(sgl_kernel/flash_attn.py is_fa3_supported)"
-        )
+        raise Unsupported(f"sgl_kernel's FlashAttention-3 runs on {FA3_DEVICES} only")
     return module
 
 
@@ -63,6 +68,13 @@ def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
     """Decline what ``mha_fwd`` rejects, before anything is allocated or launched."""
     if q.dtype not in _DTYPES:
         raise Unsupported(f"FlashAttention-3 takes float16/bfloat16, not {q.dtype} ({_SOURCE})")
+    if k_cache.dtype in _FP8 or v_cache.dtype in _FP8:
+        raise Unsupported(
+            f"an fp8 KV pool ({k_cache.dtype}/{v_cache.dtype}): FlashAttention-3 reads fp8 (e4m3 "
+            f"only) K/V with q in e4m3 too and q/k/v descales, on Hopper ({_SOURCE}: 'query and "
+            "key must have the same dtype', q/k/v_descale); serving it would quantize q, and the "
+            "contract computes in q's dtype with K/V cast to it, unscaled"
+        )
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise Unsupported(
             f"FlashAttention-3 needs the KV pool in q's dtype {q.dtype}, got "

@@ -19,28 +19,45 @@ from typing import Any
 
 import torch
 
-from sglang_fl.types import CollectiveGroup, ProcessGroupLibrary
+from sglang_fl.types import CollectiveGroup, DtypeSet, ProcessGroupLibrary
 
 _PG_NCCL = "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+_NCCL_UTILS = "torch/csrc/distributed/c10d/NCCLUtils.hpp"
+_NCCL_TYPES = (
+    "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html#ncldatatype-t"
+)
+FLOAT8 = frozenset(
+    {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+)
+# What NCCL reduces: the ncclDataType map less float8, which every reduction refuses.
+REDUCED = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+# What NCCL moves: every dtype of the ncclDataType map getNcclDataType reads. float8 e4m3fn /
+# e5m2 travel as ncclFloat8e4m3 / ncclFloat8e5m2 (NCCL >= 2.24, NCCL_SUPPORTS_FP8) or as bytes
+# (ncclUint8), the fnuz variants as bytes; bool as ncclUint8.
+MOVED = REDUCED | FLOAT8
 NCCL = ProcessGroupLibrary(
     name="NCCL",
     backend="nccl",
-    dtypes=frozenset(
-        {
-            torch.float32,
-            torch.float16,
-            torch.bfloat16,
-            torch.float64,
-            torch.int8,
-            torch.uint8,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-        }
-    ),
+    dtypes=MOVED,
     dtypes_source=(
-        f"{_PG_NCCL}, the ncclDataType map read by getNcclDataType; "
-        "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html#ncldatatype-t"
+        f"{_NCCL_UTILS}, the ncclDataType map read by getNcclDataType ({_PG_NCCL}); {_NCCL_TYPES}"
+    ),
+    reduce_dtypes=DtypeSet(
+        REDUCED,
+        f"{_PG_NCCL}, allreduce and reduce_scatter: TORCH_CHECK(!isFloat8Type(...), 'Float8 "
+        "dtypes are not currenlty supported for NCCL reductions')",
     ),
     layout_source=(
         f"{_PG_NCCL}, check_gpu_single_tensor: 'Tensors must be CUDA and dense', "

@@ -1,7 +1,8 @@
 """The gated-delta-rule (GDN) family on CUDA: SGLang 0.5.23's own Triton kernels, behind the
 standard signatures.
 
-sgl_kernel has no GDN kernels; on CUDA SGLang runs its Triton ones. Six are wrapped here, so
+sgl_kernel has no delta-rule kernels (only the causal convs, :mod:`.causal_conv`); on CUDA
+SGLang runs its Triton ones. Six are wrapped here, so
 the conformance kit can check them on a GPU and the policy can choose them:
 ``chunk_gated_delta_rule`` (``fla/chunk.py``), ``fused_recurrent_gated_delta_rule`` and
 ``..._packed_decode`` (``fla/fused_recurrent.py``), ``fused_sigmoid_gating_delta_rule_update``
@@ -22,8 +23,9 @@ assert or a write outside the pool. The cost is a few host-side checks per call,
 device-to-host read of the state indices (skipped while a CUDA graph is being captured, where
 no read is possible; SGLang's own indices are then trusted, as SGLang trusts them).
 
-The other ops (and Qwen3.5's contiguous split and attention output gate, routed with them) have
-no adapter yet (``NO_KERNEL``): their Triton kernels stay in place.
+The causal convs are sgl_kernel's (:mod:`.causal_conv`). The other ops (and Qwen3.5's contiguous
+split and attention output gate, routed with them) have no adapter yet (``NO_KERNEL``): their
+Triton kernels stay in place.
 Every refusal below cites the kernel source it follows.
 """
 
@@ -34,11 +36,12 @@ from typing import Any
 
 import torch
 
+from sglang_fl.ops.linear_attention import PAD_SLOT_ID, check_state_indices
 from sglang_fl.types import Unsupported
 
 from ..backend import SGLANG_TRITON
 
-_PREFIX = "sgl_kernel has no GDN kernels; SGLang's own Triton kernel"
+_PREFIX = "sgl_kernel has no kernel for it; SGLang's own Triton kernel"
 _NO_ADAPTER = "no adapter in this wheel yet, so it stays in place"
 NO_KERNEL = {
     "fused_qkvzba_split_reshape_cat": f"{_PREFIX} (triton_gdn_fused_proj): {_NO_ADAPTER}",
@@ -46,9 +49,6 @@ NO_KERNEL = {
     f"layout): {_NO_ADAPTER}",
     "fused_sigmoid_mul": "sgl_kernel has none; SGLang's own Triton kernel (elementwise."
     f"fused_sigmoid_mul, Qwen3.5's attention output gate): {_NO_ADAPTER}",
-    "causal_conv1d_fn": f"{_PREFIX} (mamba/causal_conv1d_triton; on CUDA SGLang's compiled "
-    f"causal_conv1d): {_NO_ADAPTER}",
-    "causal_conv1d_update": f"{_PREFIX} (mamba/causal_conv1d_triton): {_NO_ADAPTER}",
     "track_mamba_states": f"{_PREFIX} (mamba/mamba_state_scatter_triton): {_NO_ADAPTER}",
 }
 
@@ -82,19 +82,15 @@ def _rows_packed(state: torch.Tensor) -> bool:
 
 
 def _require_in_pool(op: str, indices: torch.Tensor, slots: int, *, padding: bool) -> None:
-    """Decline an index the kernel would follow outside the pool (none checks the bound).
-
-    One device-to-host read; not possible while a CUDA graph is captured, where it is skipped.
-    """
-    if indices.numel() == 0 or (indices.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
-    low = -1 if padding else 0
-    if bool(((indices < low) | (indices >= slots)).any()):
-        allowed = f"0..{slots - 1}" + (" or -1 (padding)" if padding else "")
-        raise Unsupported(
-            f"{op}: a state index is outside the pool of {slots} slots (allowed: {allowed}); "
-            "SGLang's Triton kernel does not check the bound and would write past the pool"
-        )
+    """Decline an index the kernel would follow outside the pool (none checks the bound)."""
+    check_state_indices(
+        op,
+        indices,
+        slots,
+        pad_slot_id=PAD_SLOT_ID if padding else None,
+        error=Unsupported,
+        why="SGLang's Triton kernel does not check the bound and would write past the pool",
+    )
 
 
 def _positive_scale(op: str, scale: float | None, source: str) -> None:
