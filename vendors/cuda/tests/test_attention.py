@@ -14,18 +14,18 @@ from collections.abc import Mapping
 import pytest
 import torch
 from flash_attn_double import FlashAttnDouble
-from torch._subclasses.fake_tensor import FakeTensor
 from sglang_fl_cuda import plugin
 from sglang_fl_cuda.backend import FA3_DEVICES, FLASH_ATTN, NO_FLASHINFER, FlashAttnBackend
 from sglang_fl_cuda.impl.attention import PLANNER, decode_attention, extend_attention
+from torch._subclasses.fake_tensor import FakeTensor
 
 from sglang_fl import Unsupported
-from sglang_fl.types import AttentionBatch, AttentionPlan, GraphMode
 from sglang_fl.ops import OpCase
 from sglang_fl.ops.attention import attention_layer
 from sglang_fl.ops.attention.common import build_pool
 from sglang_fl.testing.checks import PASSED, SKIPPED, check_case, check_plan
 from sglang_fl.testing.vendor import VendorSuite
+from sglang_fl.types import AttentionBatch, AttentionPlan, GraphMode
 
 SUITE = VendorSuite("cuda", plugin.sglang_fl_register_ops)
 IMPLS = SUITE.implementations
