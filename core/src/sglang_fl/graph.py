@@ -69,15 +69,21 @@ _ARGUMENT_TYPES: Mapping[str, str] = {
     "bool": "bool",
     "int": "int",
     "float": "float",
+    "float | None": "float?",
     "str": "str",
+    "str | bool | None": "str?",
 }
+# A ``str | bool | None`` argument (a convolution's activation: a name, or SGLang's
+# True/False) crosses as ``str?``: a bool as one of these strings, read back inside the op.
+_BOOL_AS_STR: Mapping[bool, str] = {True: "<sglang_fl:True>", False: "<sglang_fl:False>"}
+_STR_AS_BOOL: Mapping[str, bool] = {text: flag for flag, text in _BOOL_AS_STR.items()}
 
 
 class OutputForm(StrEnum):
     """What an op returns, read from its contract's return annotation."""
 
     TENSOR = "tensor"
-    PAIR = "pair"
+    TUPLE = "tuple"  # a fixed number of tensors
     # One tensor alone, or a pair when an optional argument is given (rms_norm's residual).
     TENSOR_OR_PAIR = "tensor-or-pair"
 
@@ -168,18 +174,18 @@ def _split_plan(plan: Any) -> tuple[str, list[Any], list[Any]]:
     )
 
 
-_OUTPUT_FORMS: Mapping[str, OutputForm] = {
-    "torch.Tensor": OutputForm.TENSOR,
-    "tuple[torch.Tensor, torch.Tensor]": OutputForm.PAIR,
-    "torch.Tensor | tuple[torch.Tensor, torch.Tensor]": OutputForm.TENSOR_OR_PAIR,
-}
-# The custom op's returns per form: fixed, since functionalization of an op that writes its
-# arguments does not support a ``Tensor[]`` return. A TENSOR_OR_PAIR op writes its second
-# output into the argument its GraphSpec names and returns the first.
-_RETURNS: Mapping[OutputForm, str] = {
-    OutputForm.TENSOR: "Tensor",
-    OutputForm.PAIR: "(Tensor, Tensor)",
-    OutputForm.TENSOR_OR_PAIR: "Tensor",
+def _tuple_annotation(count: int) -> str:
+    return f"tuple[{', '.join(['torch.Tensor'] * count)}]"
+
+
+# Return annotation -> (form, number of outputs). The custom op's returns are fixed, since
+# functionalization of an op that writes its arguments does not support a ``Tensor[]``
+# return: its fresh outputs (those the GraphSpec does not name as arguments written in place);
+# a TENSOR_OR_PAIR op writes its second output into the argument its GraphSpec names.
+_OUTPUT_FORMS: Mapping[str, tuple[OutputForm, int]] = {
+    "torch.Tensor": (OutputForm.TENSOR, 1),
+    **{_tuple_annotation(n): (OutputForm.TUPLE, n) for n in (2, 3, 4)},
+    "torch.Tensor | tuple[torch.Tensor, torch.Tensor]": (OutputForm.TENSOR_OR_PAIR, 1),
 }
 
 
@@ -202,6 +208,7 @@ class GraphOp:
     contract: OpContract
     spec: GraphSpec
     form: OutputForm
+    outputs: int  # how many the op returns (TENSOR_OR_PAIR: counted as one)
     # The call parameters after ``obj``, and their defaults (``inspect.Parameter.empty``: none).
     parameters: tuple[str, ...]
     defaults: tuple[Any, ...]
@@ -242,7 +249,9 @@ class GraphOp:
                 optional = schema_type.endswith("?")
                 schema_type = f"Tensor(a{next(aliases)}!)" + ("?" if optional else "")
             entries.append(f"{schema_type} {name}")
-        return f"({', '.join(entries)}) -> {_RETURNS[self.form]}"
+        fresh = self.outputs - len(self.spec.in_place_outputs)
+        returns = "Tensor" if fresh == 1 else f"({', '.join(['Tensor'] * fresh)})"
+        return f"({', '.join(entries)}) -> {returns}"
 
     @property
     def second_output_index(self) -> int:
@@ -288,26 +297,53 @@ class GraphOp:
         """The custom op's arguments for the call ``fn(obj, *args, **kwargs)``."""
         return (key, *self.layer_values(obj), *self.op_arguments(self.arguments(args, kwargs)))
 
+    @functools.cached_property
+    def bool_or_str(self) -> tuple[int, ...]:
+        """Positions of the ``str | bool | None`` call arguments."""
+        annotations = self.contract.signature.parameters
+        return tuple(
+            i
+            for i, name in enumerate(self.parameters)
+            if annotations[name].annotation == "str | bool | None"
+        )
+
     def op_arguments(self, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The call ``arguments`` as the custom op takes them: a plan split in three."""
+        """The call ``arguments`` as the custom op takes them: a plan split in three, a bool
+        of a ``str | bool | None`` argument as a string."""
+        if self.bool_or_str:
+            arguments = tuple(
+                _BOOL_AS_STR[value] if i in self.bool_or_str and isinstance(value, bool) else value
+                for i, value in enumerate(arguments)
+            )
         if self.plan is None:
             return arguments
         *rest, plan = arguments
         return (*rest, *_split_plan(plan))
 
     def pack(self, outputs: Any, arguments: tuple[Any, ...]) -> Any:
-        """The custom op's outputs as the op returns them, given the call ``arguments``."""
-        if self.form is OutputForm.PAIR:
-            return tuple(outputs)
+        """The custom op's outputs as the op returns them, given the call ``arguments``:
+        the arguments written in place where the op returns them."""
         if self.form is OutputForm.TENSOR_OR_PAIR:
             second = arguments[self.second_output_index]
             return outputs if second is None else (outputs, second)
-        return outputs
+        if self.form is OutputForm.TENSOR:
+            return outputs
+        in_place = self.spec.in_place_outputs
+        fresh = iter(_as_tuple(outputs, self.outputs - len(in_place)))
+        return tuple(
+            arguments[self.parameters.index(in_place[i])] if i in in_place else next(fresh)
+            for i in range(self.outputs)
+        )
 
     def unflatten(self, values: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
         """``(stand-in layer, call arguments)`` from the custom op's arguments after ``impl``."""
         count = len(self.layer_names)
         arguments = tuple(values[count:])
+        if self.bool_or_str:
+            arguments = tuple(
+                _STR_AS_BOOL.get(value, value) if i in self.bool_or_str else value
+                for i, value in enumerate(arguments)
+            )
         if self.plan is not None:
             *rest, name, tensors, plan_values = arguments
             layout = _plan_layouts_by_name[name]
@@ -321,8 +357,19 @@ class GraphOp:
         a tensor it wrote in place (``x``, ``query``) has it copied, which only happens while
         compiled code runs. A TENSOR_OR_PAIR op's second output lands in its argument.
         """
-        if self.form is OutputForm.PAIR:
-            return tuple(_fresh(out, values) for out in result)
+        if self.form is OutputForm.TUPLE:
+            fresh = []
+            for index, out in enumerate(result):
+                name = self.spec.in_place_outputs.get(index)
+                if name is None:
+                    fresh.append(_fresh(out, values))
+                    continue
+                target = values[len(self.layer_names) + self.parameters.index(name)]
+                if out is not target:
+                    target.copy_(out)
+            if not fresh:
+                return None
+            return fresh[0] if len(fresh) == 1 else tuple(fresh)
         if self.form is OutputForm.TENSOR_OR_PAIR and not isinstance(result, torch.Tensor):
             out, second = result
             out = _fresh(out, values)
@@ -331,6 +378,13 @@ class GraphOp:
                 target.copy_(second)
             return out
         return _fresh(result, values)
+
+
+def _as_tuple(outputs: Any, count: int) -> tuple[Any, ...]:
+    """A custom op's fresh outputs as a tuple (one is returned bare, none as ``None``)."""
+    if count == 0:
+        return ()
+    return (outputs,) if count == 1 else tuple(outputs)
 
 
 def _fresh(output: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
@@ -367,11 +421,18 @@ _keys: dict[int, str] = {}  # id(implementation) -> key
 
 def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
     annotation = contract.signature.return_annotation
-    form = _OUTPUT_FORMS.get(annotation)
-    if form is None:
+    described = _OUTPUT_FORMS.get(annotation)
+    if described is None:
         raise TypeError(
             f"{contract.name}: return annotation {annotation!r} has no custom-op output form; "
             f"known: {', '.join(_OUTPUT_FORMS)}"
+        )
+    form, outputs = described
+    unknown = set(spec.in_place_outputs.values()) - set(spec.mutates)
+    if unknown or (spec.in_place_outputs and form is not OutputForm.TUPLE):
+        raise TypeError(
+            f"{contract.name}: outputs written in place must be arguments the spec marks as "
+            f"written ({sorted(unknown)} are not), of an op returning a tuple"
         )
     if (form is OutputForm.TENSOR_OR_PAIR) != (spec.second_output_into is not None):
         raise TypeError(
@@ -397,7 +458,7 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
                 f"type; known: {', '.join(_ARGUMENT_TYPES)}"
             )
     defaults = tuple(contract.signature.parameters[name].default for name in parameters)
-    return GraphOp(contract, spec, form, parameters, defaults, plan)
+    return GraphOp(contract, spec, form, outputs, parameters, defaults, plan)
 
 
 def _define(graph: GraphOp) -> None:

@@ -22,6 +22,7 @@ from ...dispatch.types import BackendImplKind
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...graph import graph_safe
+from ...ops.graph_spec import GRAPH_SPECS
 from ...runtime import Runtime
 from ...schema import impl_fields
 from .compat import SglangApi
@@ -66,14 +67,12 @@ def route_functions(
     report: DispatchReport,
     routes: Sequence[FunctionRoute],
     hook_type: Any,
-    *,
-    custom_ops: bool,
 ) -> None:
     """Register a ``hook_type`` hook for each route whose op runs through sglang-fl.
 
-    ``custom_ops``: the ops have graph specs, so the bound chain is reachable under
+    An op with a graph spec (a decode step's function) is bound reachable under
     ``torch.compile`` when ``SGLANG_FL_CUSTOM_OPS`` asks for it (:func:`~sglang_fl.graph.
-    graph_safe`).
+    graph_safe`); the others (prefill-only functions) never run in a compiled step.
     """
     triton_runs = triton_driver_active()
     for route in routes:
@@ -98,7 +97,7 @@ def route_functions(
             )
             continue
         fn = resolution.bind(report_declines(report, route.target)).fn
-        if custom_ops:
+        if route.op_name in GRAPH_SPECS:
             fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
         hook = route.adapt(fn)
         hook.__qualname__ = f"sglang_fl[{chosen.impl_id}]"

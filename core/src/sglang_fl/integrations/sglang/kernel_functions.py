@@ -65,4 +65,4 @@ FUNCTION_ROUTES: tuple[FunctionRoute, ...] = (
 
 def route_kernel_functions(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
     """Register a ``REPLACE`` hook for each function whose op should run through sglang-fl."""
-    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace, custom_ops=True)
+    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace)

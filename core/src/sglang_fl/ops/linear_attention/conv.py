@@ -328,7 +328,7 @@ def _update_inputs(
     return OpInputs(
         obj=None,
         args=(x, pool, weight, bias, p.get("activation", "silu"), slots.to(device)),
-        preserved=("x", "weight", "conv_state_indices"),
+        preserved=("x", "weight", "bias", "conv_state_indices"),
         written_in_place={1: "conv_state"},
     )
 

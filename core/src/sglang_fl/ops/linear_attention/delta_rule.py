@@ -665,7 +665,17 @@ def _sigmoid_inputs(
         obj=None,
         args=(A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, indices.to(device)),
         kwargs={"use_qk_l2norm_in_kernel": p.get("l2norm", True), "cu_seqlens": cu.to(device)},
-        preserved=("A_log", "a", "dt_bias", "q", "k", "v", "b", "initial_state_indices"),
+        preserved=(
+            "A_log",
+            "a",
+            "dt_bias",
+            "q",
+            "k",
+            "v",
+            "b",
+            "initial_state_indices",
+            "cu_seqlens",
+        ),
         written_in_place={1: "initial_state_source"},
     )
 
