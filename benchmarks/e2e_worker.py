@@ -1,7 +1,9 @@
 """One SGLang engine on the real model, timed batch by batch on request (run by ``e2e.py``).
 
-``python e2e_worker.py MODEL_DIR DTYPE [ATTENTION_BACKEND]`` starts ``sglang.Engine`` on the
-CPU (with that ``attention_backend``, if given) and this process's environment
+``python e2e_worker.py MODEL_DIR DTYPE [ATTENTION_BACKEND] [SERVER_ARGS_JSON]`` starts
+``sglang.Engine`` on the CPU (with that ``attention_backend``, if given, and the server
+arguments of the JSON object, e.g. ``{"enable_torch_compile": true}``) and this process's
+environment
 (``SGLANG_FORCE_FUSED_OP_BACKEND``, ``SGLANG_FL_DISPATCH_LOG``), prints
 ``{"ready": true, "pid": ...}``, then answers one JSON line per request read from stdin:
 ``{"input_ids": [[...], ...], "max_new_tokens": N}`` -> ``{"seconds": ..., "completion_tokens":
@@ -23,12 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sglan
 def main(argv: list[str]) -> int:
     from engine_run import start_engine
 
-    model_dir, dtype, *backend = argv
-    attention = {"attention_backend": backend[0]} if backend else {}
+    model_dir, dtype, *rest = argv
+    server_args = json.loads(rest[1]) if len(rest) > 1 else {}
+    if rest and rest[0]:
+        server_args["attention_backend"] = rest[0]
     # The radix cache would let later repetitions skip prefill that earlier ones paid for;
     # an idle engine sleeps instead of polling, so it does not slow down the one being timed.
     engine = start_engine(
-        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **attention
+        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **server_args
     )
     try:
         print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
