@@ -1,16 +1,18 @@
 """Run every benchmark, write ``results/latest.json`` (+ ``.md`` and the plot), print the tables.
+
 Usually run by ``nox -s bench``, which builds both environments it needs: this interpreter's
-(SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the start-up
-measurements (torch, the sglang-fl wheels), passed as ``--startup-python``. ``--only e2e`` (or
-``calls``, ``startup``, ``attention``, ``collectives``, ``linear_attention``, ``graphs``;
-repeatable) runs some parts only: the per-call and start-up parts write ``latest.*``, the end-to-
-end part ``e2e.*``, the others ``<part>.*`` (the attention part: the real model with ``--attention-
-backend sglang_fl`` vs ``torch_native``, plus ``attention.py``'s bookkeeping; ``collectives.py``,
-``linear_attention.py`` and ``graphs.py`` (decode compiled by SGLang's CPU graph runner vs eager,
-through sglang-fl, and SGLang's own) run as subprocesses, their output kept); with ``--update-
-docs`` each also rewrites its marked section of the documentation's page, ``docs/benchmarks.md``
-(the plot is copied next to it, to ``docs/assets/``, since the site holds only what lies under
-``docs/``)."""
+(SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
+start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
+``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``,
+``linear_attention``, ``graphs``; repeatable) runs some parts only: the per-call and start-up
+parts write ``latest.*``, the end-to-end part ``e2e.*``, the others ``<part>.*`` (the attention
+part: the real model with ``--attention-backend sglang_fl`` vs ``torch_native``, plus
+``attention.py``'s bookkeeping; ``collectives.py``, ``linear_attention.py`` and ``graphs.py``
+(decode compiled by SGLang's CPU graph runner vs eager, through sglang-fl, and SGLang's own)
+run as subprocesses, their output kept); with ``--update-docs`` each also rewrites its marked
+section of the documentation's page, ``docs/benchmarks.md`` (the plot is copied next to it, to
+``docs/assets/``, since the site holds only what lies under ``docs/``).
+"""
 
 from __future__ import annotations
 
