@@ -287,15 +287,24 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             raise GraphModeRefused(
                 f"the sglang_fl attention backend cannot run under a {mode} graph runner: {problem}"
             )
-        self.plans.allocate(
-            PlanCapacity(
-                kind=ForwardKind.DECODE,
-                max_batch=max_bs,
-                max_tokens=max_num_tokens,
-                max_context=self.req_to_token_pool.req_to_token.shape[1],
-                page_size=self.page_size,
-                device=torch.device(self.device),
-            )
+        capacity = PlanCapacity(
+            kind=ForwardKind.DECODE,
+            max_batch=max_bs,
+            max_tokens=max_num_tokens,
+            max_context=self.req_to_token_pool.req_to_token.shape[1],
+            page_size=self.page_size,
+            device=torch.device(self.device),
+        )
+        self.plans.allocate(capacity)
+        self.report.emit(
+            ReportEvent.GRAPH_STATE,
+            runner=Runner.SGLANG_FL,
+            attention_backend=BACKEND_NAME,
+            mode=str(mode),
+            max_bs=max_bs,
+            max_context=capacity.max_context,
+            # decode_attention's candidates, grouped by the plan they share
+            plans=list(self.plans.owners.get(ForwardKind.DECODE, {}).values()),
         )
 
     @staticmethod

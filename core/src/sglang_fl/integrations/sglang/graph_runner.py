@@ -14,7 +14,7 @@ with what sglang-fl's platform needs:
 - Before anything is captured the attention backend is asked whether its kernels can run
   compiled (:data:`~sglang_fl.ops.attention.plan.GraphMode.COMPILED`); a refusal stops the
   start-up with the reason.
-- The capture runs under a :class:`~sglang_fl.graph_watch.DynamoWatch`: one ``graph_runner``
+- The capture runs under a :class:`~sglang_fl.graph_watch.DynamoWatch`: one ``graph_capture``
   record in the dispatch report gives the batch sizes, the time, the graphs compiled and every
   graph break and recompile with whose code it was in. A later step that recompiles (a guard
   failed at replay) is reported once per reason (``graph_replay``).
@@ -127,7 +127,7 @@ def _make_cpu_graph_runner() -> type:
                 ours[1],
             )
             _report(
-                ReportEvent.GRAPH_RUNNER,
+                ReportEvent.GRAPH_CAPTURE,
                 runner=Runner.SGLANG_FL,
                 graph_runner=f"{type(self).__module__}.{type(self).__qualname__}",
                 mode=str(GraphMode.COMPILED),
