@@ -25,6 +25,7 @@ Engine-agnostic: the SGLang integration wraps at its binding seam; other engines
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import inspect
@@ -50,6 +51,7 @@ __all__ = [
     "GraphOp",
     "OutputForm",
     "PlanLayout",
+    "compiled_calls",
     "custom_ops_supported",
     "graph_op",
     "graph_safe",
@@ -214,6 +216,8 @@ class GraphOp:
     defaults: tuple[Any, ...]
     # A planned op's plan parameter (the last one): three custom-op arguments (see the module).
     plan: str | None = None
+    # Positions of the ``str | bool | None`` call arguments (a bool crosses as a string).
+    bool_or_str: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -296,16 +300,6 @@ class GraphOp:
     ) -> tuple[Any, ...]:
         """The custom op's arguments for the call ``fn(obj, *args, **kwargs)``."""
         return (key, *self.layer_values(obj), *self.op_arguments(self.arguments(args, kwargs)))
-
-    @functools.cached_property
-    def bool_or_str(self) -> tuple[int, ...]:
-        """Positions of the ``str | bool | None`` call arguments."""
-        annotations = self.contract.signature.parameters
-        return tuple(
-            i
-            for i, name in enumerate(self.parameters)
-            if annotations[name].annotation == "str | bool | None"
-        )
 
     def op_arguments(self, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
         """The call ``arguments`` as the custom op takes them: a plan split in three, a bool
@@ -415,6 +409,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 _graph_ops: dict[str, GraphOp] = {}
+# Calls of each custom op: eager calls never go through one (dynamo alone is told to trace
+# it), so these are the calls compiled code made.
+_calls: collections.Counter[str] = collections.Counter()
 _impls: dict[str, Callable[..., Any]] = {}  # key -> implementation (kept alive: keys stay valid)
 _keys: dict[int, str] = {}  # id(implementation) -> key
 
@@ -458,13 +455,21 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
                 f"type; known: {', '.join(_ARGUMENT_TYPES)}"
             )
     defaults = tuple(contract.signature.parameters[name].default for name in parameters)
-    return GraphOp(contract, spec, form, outputs, parameters, defaults, plan)
+    bool_or_str = tuple(
+        i
+        for i, name in enumerate(parameters)
+        if contract.signature.parameters[name].annotation == "str | bool | None"
+    )
+    return GraphOp(contract, spec, form, outputs, parameters, defaults, plan, bool_or_str)
 
 
 def _define(graph: GraphOp) -> None:
     """Define ``sglang_fl::<op>`` with its implementation and fake implementation."""
 
+    name = graph.name
+
     def run(key: str, *values: Any) -> Any:
+        _calls[name] += 1
         obj, args = graph.unflatten(values)
         return graph.fresh_outputs(_impls[key](obj, *args), values)
 
@@ -501,6 +506,11 @@ def graph_op(op_name: str) -> GraphOp:
             _define(graph)
             _graph_ops[op_name] = graph
         return graph
+
+
+def compiled_calls() -> dict[str, int]:
+    """How many times compiled code has called each ``sglang_fl::<op>`` in this process."""
+    return dict(_calls)
 
 
 def register_impl(op_name: str, impl_id: str, fn: Callable[..., Any]) -> str:

@@ -15,8 +15,10 @@ with what sglang-fl's platform needs:
   compiled (:data:`~sglang_fl.ops.attention.plan.GraphMode.COMPILED`); a refusal stops the
   start-up with the reason.
 - The capture runs under a :class:`~sglang_fl.graph_watch.DynamoWatch`: one ``graph_capture``
-  record in the dispatch report gives the batch sizes, the time, the graphs compiled and every
-  graph break and recompile with whose code it was in. A later step that recompiles (a guard
+  record in the dispatch report gives the batch sizes, the time, the graphs compiled, every
+  graph break and recompile with whose code it was in, and the ``sglang_fl::<op>`` custom ops
+  the compiled steps called (eager code never calls one: these are the routed ops inside the
+  compiled graphs). A later step that recompiles (a guard
   failed at replay) is reported once per reason (``graph_replay``).
 """
 
@@ -30,6 +32,7 @@ from typing import Any
 
 from ...dispatch_report import ReportEvent, Runner
 from ...errors import GraphModeRefused
+from ...graph import compiled_calls
 from ...graph_watch import CompileSummary, DynamoWatch, Owner, RecompileCheck
 from ...ops.attention.plan import GraphMode
 from .router import get_router
@@ -109,9 +112,16 @@ def _make_cpu_graph_runner() -> type:
                 )
             watch = DynamoWatch()
             began = time.perf_counter()
+            calls = compiled_calls()
             with watch.watching(), _existing_sgl_kernel_fakes():
                 super().__init__(model_runner)
             summary = watch.summary
+            # The capture runs every compiled step: the routed ops its graphs called.
+            inside = {
+                op: count - calls.get(op, 0)
+                for op, count in compiled_calls().items()
+                if count > calls.get(op, 0)
+            }
             self._recompiles = RecompileCheck()
             self._replay_reasons: set[str] = set()
             ours = summary.count(Owner.SGLANG_FL)
@@ -133,6 +143,7 @@ def _make_cpu_graph_runner() -> type:
                 mode=str(GraphMode.COMPILED),
                 capture_bs=list(self.capture_bs),
                 seconds=round(time.perf_counter() - began, 3),
+                custom_ops=inside,
                 **summary.to_json(),
             )
 
