@@ -28,6 +28,13 @@ LAYERS = 2
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
+@pytest.fixture(autouse=True)
+def no_graph_mode_left(router: Any) -> Any:
+    """A backend's graph state puts the process's runtime in graph mode: undone after."""
+    yield
+    router.runtime.graph_mode = None
+
+
 def _backend(router: Any) -> tuple[Any, Any, Any, list[Any]]:
     from sglang.srt.layers.radix_attention import RadixAttention
 
@@ -94,7 +101,7 @@ def test_cuda_graphs_are_refused_before_capture_naming_the_reference(router: Any
     assert backend.plans.graph is None  # nothing allocated
 
 
-def test_the_cpu_graph_runner_refuses_before_capture() -> None:
+def test_the_cpu_graph_runner_refuses_before_capture(router: Any) -> None:
     from sglang_fl.errors import GraphModeRefused
     from sglang_fl.integrations.sglang.graph_runner import cpu_graph_runner_class
 
@@ -104,7 +111,7 @@ def test_the_cpu_graph_runner_refuses_before_capture() -> None:
         cpu_graph_runner_class()(runner)  # nothing else of the model runner is read
 
 
-def test_sglangs_fake_registrations_skip_sgl_kernel_ops_that_do_not_exist() -> None:
+def test_sglangs_fake_registrations_skip_sgl_kernel_ops_that_do_not_exist(router: Any) -> None:
     from sglang.srt.model_executor import cpu_graph_runner
 
     from sglang_fl.integrations.sglang.graph_runner import _existing_sgl_kernel_fakes

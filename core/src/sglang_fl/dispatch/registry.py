@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
 from ..guard import plain_str, safe_repr
 from ..ops import STANDARD_OPS, OpContract, unknown_op_message
-from ..ops.attention.plan import AttentionPlanner
+from ..ops.attention.plan import AttentionPlanner, GraphMode
 from .identity import DIRECT_PLUGIN, identity_problem, is_core_reference
 from .types import BackendImplKind, OpImpl, Provenance
 
@@ -405,6 +406,7 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             "None, True, False or a no-argument probe returning bool or Availability"
         )
     contract = STANDARD_OPS[op_name]
+    graph_problems = _graph_problems(impl.graph_problems, impl_id, who)
     fn, planner = _planned(contract, impl_id, fn, impl.planner, who)
     problem = contract.signature_problem(fn)
     if problem is not None:
@@ -412,7 +414,40 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             f"{who} registered {impl_id!r} for op {op_name!r}, but {plain_str(problem)}; "
             f"expected {contract.signature_text()}"
         )
-    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared, planner=planner)
+    return OpImpl(
+        op_name,
+        impl_id,
+        kind,
+        fn,
+        vendor,
+        priority,
+        declared,
+        planner=planner,
+        graph_problems=graph_problems,
+    )
+
+
+def _graph_problems(declared: object, impl_id: str, who: str) -> Mapping[str, str] | None:
+    """A copy of ``declared`` (graph mode -> reason), or :class:`RegistrationError`."""
+    if declared is None:
+        return None
+    modes = ", ".join(GraphMode)
+    if not isinstance(declared, Mapping):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with graph_problems={safe_repr(declared)}; "
+            f"expected a mapping of graph modes ({modes}) to reasons"
+        )
+    problems: dict[str, str] = {}
+    for raw_mode, raw_reason in declared.items():
+        mode, reason = plain_str(raw_mode), plain_str(raw_reason)
+        if mode not in set(GraphMode) or not reason or not reason.strip():
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} with graph_problems entry "
+                f"{safe_repr(raw_mode)}: {safe_repr(raw_reason)}; expected a graph mode "
+                f"({modes}) and a non-empty reason"
+            )
+        problems[str(mode)] = reason
+    return MappingProxyType(problems)
 
 
 def _planned(

@@ -307,6 +307,7 @@ class LayerRouter:
             return engine_forward
         chosen = resolution.decision.chosen
         config = self.runtime.config
+        self.runtime.bound(resolution.op, chosen)
         chain = chain or self._chain(resolution)
         # Both return chain.fn itself when off: eager calls then cost what they did before.
         fn = graph_safe(resolution.op, chain.fn, chosen.impl_id, enabled=config.custom_ops)

@@ -168,6 +168,9 @@ class OpContract:
     collective: Collective | None = None
     # Set for planned ops (the attention ops): their per-forward plan stage.
     plan_stage: PlanStage | None = None
+    # Graph modes (``"captured"``, ``"compiled"``) the reference cannot run under, and why:
+    # its ``OpImpl.graph_problems`` (a reference reading values on the host cannot be captured).
+    reference_graph_problems: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def parameter_names(self) -> tuple[str, ...]:

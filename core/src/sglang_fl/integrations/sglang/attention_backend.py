@@ -270,8 +270,11 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
 
     def graph_problem(self, mode: GraphMode) -> str | None:
         """Why a ``mode`` graph runner cannot replay this backend's decode step, or ``None``:
-        what each decode candidate's planner declares, the store op's, and the KV pool's."""
+        what each decode candidate's planner declares, and what every other implementation
+        bound in this process so far declares (those bound later are checked as they bind:
+        ``Runtime.bound``)."""
         problems = self.plans.problems(mode, (ForwardKind.DECODE,))
+        problems += self.runtime.graph_problems(mode, skip=AttentionOp.PLANNED)
         if AttentionOp.DECODE not in self._chains:
             problems.append(self._no_impl[AttentionOp.DECODE])
         if mode is GraphMode.COMPILED and not self.runtime.config.custom_ops:
@@ -296,6 +299,7 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             device=torch.device(self.device),
         )
         self.plans.allocate(capacity)
+        self.runtime.enter_graph_mode(mode)
         self.report.emit(
             ReportEvent.GRAPH_STATE,
             runner=Runner.SGLANG_FL,

@@ -96,6 +96,7 @@ def route_functions(
                 **fields,
             )
             continue
+        runtime.bound(route.op_name, chosen)
         fn = resolution.bind(report_declines(report, route.target)).fn
         if route.op_name in GRAPH_SPECS:
             fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)

@@ -26,7 +26,7 @@ from ._gdn import (
     scrambled_slots,
     sequence_bounds,
 )
-from .state_indices import PAD_SLOT_ID, check_state_indices
+from .state_indices import HOST_INDICES, PAD_SLOT_ID, check_state_indices
 
 __all__ = [
     "CHUNK_GATED_DELTA_RULE",
@@ -630,6 +630,7 @@ FUSED_RECURRENT_GATED_DELTA_RULE_PACKED_DECODE = OpContract(
     tolerances=TOLERANCES,
     cases=PACKED_CASES,
     make_inputs=_packed_inputs,
+    reference_graph_problems=HOST_INDICES,
 )
 
 
@@ -690,4 +691,5 @@ FUSED_SIGMOID_GATING_DELTA_RULE_UPDATE = OpContract(
     tolerances=TOLERANCES,
     cases=SIGMOID_CASES,
     make_inputs=_sigmoid_inputs,
+    reference_graph_problems=HOST_INDICES,
 )
