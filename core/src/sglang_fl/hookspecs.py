@@ -101,8 +101,8 @@ def sglang_fl_graph_runner() -> SglangGraphRunnerOffer | None:
     when SGLang asks a platform sglang-fl provides for its graph runner
     (``get_graph_runner_cls()``: ``--enable-torch-compile`` on the CPU, device graphs on a
     vendor's platform) and when ``sglang-fl ops``/``explain`` list the candidates. Return a
-    :class:`~sglang_fl.types.SglangGraphRunnerOffer` (its ``runner()`` gives the class later),
-    not the runner. The offers and sglang-fl's own runner for the platform
+    :class:`~sglang_fl.types.SglangGraphRunnerOffer` (its factory builds the runner later, per
+    model runner), not the runner. The offers and sglang-fl's own runner for the platform
     (``reference.sglang_graph_runner``) are the candidates of the selection
     ``sglang_graph_runner``, chosen by the policy like an op's implementations. A hook that
     raises, hangs or returns something else is skipped and reported (an error under

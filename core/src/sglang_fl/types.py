@@ -73,8 +73,8 @@ Planning attention once per forward (``decode_attention``, ``extend_attention``)
 Offering a decode graph runner (SGLang's ``get_graph_runner_cls``, on a platform sglang-fl
 provides)
     :class:`SglangGraphRunnerOffer`
-        What ``sglang_fl_graph_runner()`` returns: ``runner()`` giving the runner class, the
-        :class:`GraphMode` it replays with, an optional availability probe and a priority. It
+        What ``sglang_fl_graph_runner()`` returns: ``factory(model_runner)`` building the
+        runner, the :class:`GraphMode` it replays with, an optional availability probe and a priority. It
         competes with sglang-fl's own runner in the selection ``sglang_graph_runner``; one that
         cannot be built leaves the next candidate serving, reported (an error under strict).
 

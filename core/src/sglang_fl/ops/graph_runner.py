@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import final
+from typing import Any, final
 
 from .attention.plan import GraphMode
 
@@ -29,23 +29,23 @@ SGLANG_GRAPH_RUNNER = "sglang_graph_runner"
 class SglangGraphRunnerOffer:
     """A decode graph runner for SGLang, offered by one plugin (at most one per plugin).
 
-    ``runner()`` returns the runner class; import SGLang and the chip SDK inside it, not at
-    plugin import time. SGLang builds the runner as ``runner_class(model_runner)`` (it
-    captures every batch size there) and then uses SGLang's graph-runner interface
-    (``can_run_graph``, ``execute``...), so subclass the runner SGLang has for the device
-    (``CudaGraphRunner``, ``NPUGraphRunner``, ``CPUGraphRunner``). ``mode`` is how it replays
-    a step (:class:`~sglang_fl.ops.attention.plan.GraphMode`: ``captured`` for a device graph,
-    ``compiled`` for ``torch.compile``): before the runner is built, sglang-fl's attention
-    backend is asked whether every attention kernel it serves can run that way.
+    ``factory(model_runner)`` builds the runner for one SGLang ``ModelRunner``, as SGLang builds
+    its own (``GraphRunnerCls(model_runner)``, which captures every batch size); import SGLang
+    and the chip SDK inside it, not at plugin import time. SGLang then drives it through its
+    graph-runner interface (``can_run_graph``, ``execute``, ``capture_bs``...), so subclass the
+    runner SGLang has for the device (``CudaGraphRunner``, ``NPUGraphRunner``,
+    ``CPUGraphRunner``). ``mode`` is how it replays a step
+    (:class:`~sglang_fl.ops.attention.plan.GraphMode`: ``captured`` for a device graph,
+    ``compiled`` for ``torch.compile``): before the factory runs, sglang-fl's attention backend
+    is asked whether every kernel it serves can run that way.
 
     ``available`` and ``priority`` work as for an attention backend offer. The candidate's
-    ``impl_id`` is ``vendor.<entry-point name>.graph_runner``. If ``runner()`` raises, returns
-    something that is not a class, the attention backend refuses the mode, or building the
-    runner raises, the next candidate is built and the dispatch report says why
-    (``SGLANG_FL_STRICT=1``: an error naming the vendor).
+    ``impl_id`` is ``vendor.<entry-point name>.graph_runner``. If the factory raises, or the
+    attention backend refuses the mode, the next candidate is built and the dispatch report
+    says why (``SGLANG_FL_STRICT=1``: an error naming the vendor).
     """
 
-    runner: Callable[[], type]
+    factory: Callable[[Any], Any]
     mode: GraphMode = GraphMode.CAPTURED
     priority: int | None = None
     available: Callable[[], object] | bool | None = field(default=None, compare=False)
