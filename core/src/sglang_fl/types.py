@@ -74,9 +74,10 @@ Offering a decode graph runner (SGLang's ``get_graph_runner_cls``, on a platform
 provides)
     :class:`SglangGraphRunnerOffer`
         What ``sglang_fl_graph_runner()`` returns: ``factory(model_runner)`` building the
-        runner, the :class:`GraphMode` it replays with, an optional availability probe and a priority. It
-        competes with sglang-fl's own runner in the selection ``sglang_graph_runner``; one that
-        cannot be built leaves the next candidate serving, reported (an error under strict).
+        runner, the :class:`GraphMode` it replays with, an optional availability probe and a
+        priority. It competes with sglang-fl's own runner in the selection
+        ``sglang_graph_runner``; one that cannot be built leaves the next candidate serving,
+        reported (an error under strict).
 
 Describing a chip
     :class:`Backend`
