@@ -7,6 +7,8 @@ one rank never joins fails the test instead of hanging it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,21 +254,106 @@ def test_single_process_inputs_describe_rank_0():
     assert inputs.args[0].shape[0] == rows
 
 
-def test_the_conformance_plan_runs_a_vendor_collective_on_2_and_4_ranks(plugin_site):
-    """``conformance_tests`` items of a vendor collective: its signature, then one
-    multi-process check per world size; the wrong-on-rank-1 all_reduce fails naming the rank."""
+def test_the_conformance_plan_runs_a_vendor_collective_per_case_on_2_and_4_ranks(plugin_site):
+    """``conformance_tests`` items of a vendor collective: its signature, then one item per
+    world size, dtype and case (issue 32: not one per world size hiding 18 cases x 3 dtypes);
+    the cases of a world size run in one multi-process run, made by the first item that
+    needs it. The wrong-on-rank-1 all_reduce fails each case naming the rank."""
     from sglang_fl.testing.checks import FAILED, PASSED, plan
 
     plugin_site.plugin("wrong", WRONG_ON_RANK_1)
     checks = {check.id: check for check in plan(vendor="wrong")}
+    contract = get_contract("all_reduce")
+    grid = [f"{d}/{c.name}" for d in map(dtype_name, contract.dtypes) for c in contract.cases]
     assert list(checks) == [
         "wrong/plugin",
         "wrong/all_reduce/signature",
-        "wrong/all_reduce/world=2",
-        "wrong/all_reduce/world=4",
+        *(f"wrong/all_reduce/world={n}/{case}" for n in (2, 4) for case in grid),
     ]
     assert checks["wrong/all_reduce/signature"].run().status == PASSED
-    outcome = checks["wrong/all_reduce/world=2"].run()
-    assert outcome.status == FAILED
-    assert "cases on 2 ranks failed" in outcome.message
-    assert "rank 1: output: max abs error" in outcome.message
+    world2 = [checks[f"wrong/all_reduce/world=2/{case}"] for case in grid]
+    outcomes = [check.run() for check in world2]  # one kit run for all of them
+    nonempty = [o for o, case in zip(outcomes, grid, strict=True) if "rows=0" not in case]
+    assert nonempty
+    assert all(o.status == FAILED for o in nonempty)
+    assert "on 2 ranks failed" in nonempty[0].message
+    assert "rank 1: output: max abs error" in nonempty[0].message
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- issue 33: a rank that does not finish fails, named; issue 32: no __main__ guard needed ------
+
+HANGING_CLOSE = """
+import os, time
+from sglang_fl import hookimpl
+from sglang_fl.dispatch.types import BackendImplKind, OpImpl
+from sglang_fl.ops import STANDARD_OPS
+
+class Communicator:
+    def close(self):
+        if os.environ["CLOSE"] == "hang":
+            time.sleep(3600)
+        raise RuntimeError("the link is already gone")
+
+@hookimpl
+def sglang_fl_communicator(group):
+    return Communicator()
+
+@hookimpl
+def sglang_fl_register_ops(registry):
+    registry.register(OpImpl(op_name="all_reduce", impl_id="vendor.badclose.all_reduce",
+                             kind=BackendImplKind.VENDOR, fn=STANDARD_OPS["all_reduce"].reference,
+                             vendor="badclose"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "named"),
+    [
+        ("hang", "close() did not return within 3 s (SGLANG_FL_PLUGIN_TIMEOUT)"),
+        ("raise", "close() raised RuntimeError: the link is already gone"),
+    ],
+)
+def test_a_rank_whose_teardown_fails_fails_every_case_naming_it(plugin_site, how, named):
+    """Before: a close() that never returned passed ("6 results, 0 failed"): the cases were
+    all reported before the teardown, and the kit killed the hung ranks at its deadline."""
+    plugin_site.plugin("badclose", HANGING_CLOSE)
+    results = run_collective_checks(
+        2,
+        {"all_reduce": "vendor.badclose.all_reduce"},
+        ops=["all_reduce"],
+        dtypes=["float32"],
+        plugin="badclose",
+        env={"CLOSE": how, "SGLANG_FL_PLUGIN_TIMEOUT": "3"},
+        timeout=120,
+    )
+    assert len(results) == len(get_contract("all_reduce").cases)
+    assert not any(r.passed for r in results)
+    for rank in (0, 1):
+        assert f"rank {rank}: teardown: {named}" in results[0].message, results[0].message
+
+
+NO_MAIN_GUARD = """
+import json
+from sglang_fl.testing.collectives import run_collective_checks
+
+results = run_collective_checks(2, ops=["broadcast"], dtypes=["float32"], timeout=120)
+print(json.dumps([[r.case_id, r.passed, r.message] for r in results]))
+"""
+
+
+def test_a_script_without_a_main_guard_runs_the_kit(tmp_path):
+    """Before: every case failed with multiprocessing's bootstrapping error (spawn imports the
+    caller's script again in each rank). The ranks run a function of the kit instead."""
+    script = tmp_path / "check_my_chip.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == len(get_contract("broadcast").cases)
+    assert all(passed for _, passed, _ in results), results

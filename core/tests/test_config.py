@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -387,3 +388,23 @@ def test_to_dict_is_json_shaped(tmp_path):
         assert entry["variable"] == f"SGLANG_FL_{setting.key.upper()}"
         assert entry["help"] == setting.help
         assert entry["help"]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("sglang_attention_backend", "is a selection (which whole backend serves), not an op"),
+        ("all_reduce", "is a collective: its reference communicates"),
+    ],
+)
+def test_verify_ops_refuses_what_verify_mode_cannot_check(monkeypatch, name, why):
+    """Issue 33: these names were accepted, and nothing was ever verified for them."""
+    monkeypatch.setenv("SGLANG_FL_VERIFY_OPS", f"rms_norm,{name}")
+    with pytest.raises(ConfigError, match=re.escape(f"SGLANG_FL_VERIFY_OPS: '{name}' {why}")):
+        Settings.from_environment()
+
+
+def test_verify_ops_takes_the_routed_families(monkeypatch):
+    ops = "rms_norm,decode_attention,fused_gate_sigmoid_mul,rms_norm_gated,chunk_gated_delta_rule"
+    monkeypatch.setenv("SGLANG_FL_VERIFY_OPS", ops)
+    assert Settings.from_environment().verify_ops == tuple(ops.split(","))

@@ -11,7 +11,9 @@ Fast tier (``nox -s sglang``), the tiny Llama:
   attention backend), with the observers on: the hook trace and verify mode. Small prefill
   chunks, so a long prompt spans several.
 - :data:`LLAMA_VENDOR`: a vendor wheel serving every fused op (``probe``, recording where its
-  kernels ran) and a vendor's whole attention backend (``wholebackend``).
+  kernels ran) and a vendor's whole attention backend (``wholebackend``), beside two hostile
+  offers (``hostile``): one whose priority is ``"high"`` (refused) and one ranked first whose
+  factory calls ``sys.exit`` (a fallback: the whole backend is built next).
 - :data:`LLAMA_SKEWED`: verify mode with a vendor whose ``rms_norm`` is subtly wrong.
 
 - :data:`LLAMA_COMPILED`: SGLang's CPU graph runner (``--enable-torch-compile``) through
@@ -48,10 +50,12 @@ LLAMA_VENDOR = EngineSpec.of(
     label="llama+vendor",
     attention_backend="sglang_fl",
     chunked_prefill_size=CHUNK,
-    sites=("probe", "wholebackend"),
+    sites=("probe", "wholebackend", "hostile"),
     env={
         "PROBE_VENDOR_CALLS": "{workdir}/probe-calls.jsonl",
         "BACKEND_VENDOR_CALLS": "{workdir}/backend-calls.txt",
+        "HOSTILE_OFFER_PRIORITY": "word",
+        "HOSTILE_FACTORY": "exit",
     },
 )
 LLAMA_SKEWED = EngineSpec.of(

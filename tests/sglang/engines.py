@@ -168,6 +168,7 @@ def _default_sites() -> None:
     from backend_vendor import backend_vendor_site
     from collective_vendor import collective_vendor_site
     from decline_vendor import decline_vendor_site, gdn_decline_vendor_site
+    from hostile_vendor import hostile_vendor_site
     from probe_vendor import probe_vendor_site
     from skewed_vendor import skewed_vendor_site
 
@@ -178,6 +179,7 @@ def _default_sites() -> None:
         "decline": decline_vendor_site,
         "gdndecline": gdn_decline_vendor_site,
         "skewed": skewed_vendor_site,
+        "hostile": hostile_vendor_site,
     }
     for name, build in defaults.items():
         _SITES.setdefault(name, build)

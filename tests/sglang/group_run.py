@@ -7,6 +7,12 @@ one-rank one (``solo``) with SGLang's ``init_model_parallel_group``, calls every
 collective on the multi-rank one, checks each result against the math, destroys the group and
 prints one JSON line: ``{"rank", "pid", "results": {op: "ok" | problem}, "solo_untouched",
 "routed_methods"}``. Exits non-zero on any failure.
+
+``GROUP_RUN_SECOND=1`` builds a second multi-rank group (``ep``, the same ranks) and, after
+``pp`` is destroyed, all-reduces on it before destroying it too (two groups, one vendor handle
+when the vendor shares it). ``GROUP_RUN_FORK=1`` forks a child once the groups are routed; the
+child exits normally (its exit handlers run) and the parent records its exit code as
+``fork_child_exit``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,15 @@ def main(rank: int, world_size: int, store: str) -> int:
     make = ps.init_model_parallel_group
     group = make([ranks], rank, "gloo", use_custom_allreduce=False, group_name="pp")
     solo = make([[r] for r in ranks], rank, "gloo", use_custom_allreduce=False, group_name="solo")
+    second = None
+    if os.environ.get("GROUP_RUN_SECOND") == "1":
+        second = make([ranks], rank, "gloo", use_custom_allreduce=False, group_name="ep")
+    extra: dict[str, object] = {}
+    if os.environ.get("GROUP_RUN_FORK") == "1":
+        child = os.fork()
+        if child == 0:  # a forked worker that exits normally: atexit handlers run here
+            sys.exit(0)
+        extra["fork_child_exit"] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
     n, me = world_size, group.rank_in_group
     g = torch.Generator().manual_seed(7)
     xs = [torch.randn(3, 4, generator=g) for _ in range(n)]  # every rank's input, everywhere
@@ -123,12 +138,16 @@ def main(rank: int, world_size: int, store: str) -> int:
         for name in (*METHODS, *TENSOR_DICTS)
     )
     group.destroy()
+    if second is not None:  # still served after the first group let go of a shared handle
+        check("all_reduce_on_second_group", second.all_reduce(xs[me].clone()), sum(xs))
+        second.destroy()
     record = {
         "rank": rank,
         "pid": os.getpid(),
         "results": results,
         "solo_untouched": solo_untouched,
         "routed_methods": routed,
+        **extra,
     }
     print(json.dumps(record), flush=True)
     return 0 if all(v == "ok" for v in results.values()) else 1

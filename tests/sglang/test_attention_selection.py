@@ -38,12 +38,13 @@ KERNEL_BACKEND = "reference.sglang_fl_attention"
 
 
 def forward(
-    pool: EnginePool, tmp_path: Path, site: str, **env: str
+    pool: EnginePool, tmp_path: Path, site: str, script: str = "backend_forward.py", **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    """``backend_forward.py`` with vendor ``site`` on the path; the process and its records."""
+    """``script`` (``backend_forward.py``) with vendor ``site`` on the path, in a fresh
+    interpreter with a hard timeout; the process and its records."""
     log = tmp_path / "dispatch.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "backend_forward.py")],
+        [sys.executable, str(HERE / script)],
         env=clean_env(
             SGLANG_FL_DISPATCH_LOG=str(log), PYTHONPATH=pythonpath_with(pool.site(site)), **env
         ),

@@ -274,3 +274,31 @@ def test_pp2_engine_keeps_transformers_tokens_and_reports_its_collectives(
     pp_calls = {(rank, op) for pid, rank, op in called if pid in stages}
     assert {(0, "send"), (1, "recv")} <= pp_calls, called
     assert {pid for pid, _, op in called if op in ("send", "recv")} == stages, called
+
+
+@pytest.mark.engine(LLAMA_TP2)
+def test_tp2_engine_shutdown_closes_every_communicator_it_opened(
+    engine: Engine, engine_pool: EnginePool
+) -> None:
+    """Issue 32: ``Engine.shutdown()`` SIGKILLs SGLang's schedulers, so no communicator opened
+    at TP=2 was ever closed. Now it first asks them to exit gracefully, and each closes what it
+    opened (bounded) before SGLang aborts its process groups. This test stops the shared engine:
+    it stays the last ``LLAMA_TP2`` test (``conftest`` runs a spec's tests in file order)."""
+    engine.generate(PROMPTS, max_new_tokens=2)  # the engine serves (and is started if need be)
+    opened = {
+        (r["pid"], r["group"])
+        for r in engine.records()
+        if r["event"] == "communicator" and r["state"] == "open"
+    }
+    schedulers = {pid for pid, _ in opened}
+    assert len(schedulers) == 2, opened
+    engine_pool.stop()  # engine.shutdown() in the engine's process, then its process group goes
+    closed = {
+        (r["pid"], r["group"])
+        for r in engine.records()
+        if r["event"] == "communicator" and r["state"] == "closed"
+    }
+    assert closed == opened, f"opened {sorted(opened)}, closed {sorted(closed)}"
+    # The vendor's own teardown ran once per link, in the process that opened it.
+    teardowns = [r for r in vendor_lines(engine.workdir / "vendor.jsonl") if "calls" in r]
+    assert sorted((r["pid"], r["group"]) for r in teardowns) == sorted(opened)

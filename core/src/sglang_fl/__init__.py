@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (
+    CollectiveDivergenceError,
     ConfigError,
+    ContractViolationError,
     GraphModeRefused,
     NoImplementationError,
     PluginLoadError,
@@ -50,8 +52,10 @@ __all__ = [
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
+    "CollectiveDivergenceError",
     "CollectiveGroup",
     "ConfigError",
+    "ContractViolationError",
     "DefaultPlanner",
     "DtypeSet",
     "GraphMode",

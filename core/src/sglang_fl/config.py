@@ -218,6 +218,27 @@ def _parse_ops(raw: Any, where: str) -> tuple[str, ...] | None:
     return names or None
 
 
+def _parse_verify_ops(raw: Any, where: str) -> tuple[str, ...] | None:
+    """The ops verify mode checks: names it can check, the others refused with the reason."""
+    names = _parse_ops(raw, where)
+    for name in names or ():
+        if name in SELECTIONS:
+            raise ConfigError(
+                f"{where}: {name!r} is a selection (which whole backend serves), not an op: "
+                "it has no output to compare with a reference, so verify mode cannot check it; "
+                "name the ops its kernel-based backend binds instead (store_kv_cache, "
+                "decode_attention, extend_attention)"
+            )
+        if STANDARD_OPS[name].collective is not None:
+            raise ConfigError(
+                f"{where}: {name!r} is a collective: its reference communicates, so verify mode "
+                "cannot run it beside a live call without a second exchange between the ranks; "
+                "the conformance kit checks collectives on several ranks "
+                "(sglang_fl.testing.collectives)"
+            )
+    return names
+
+
 @dataclass(frozen=True)
 class _Setting:
     key: str
@@ -270,8 +291,8 @@ SETTINGS: tuple[_Setting, ...] = (
         "plugin_timeout",
         _parse_seconds,
         60.0,
-        "seconds a plugin's hook or availability probe may run before it is abandoned and "
-        "reported as failed / unavailable",
+        "seconds any plugin code core calls (import, hook, probe, backend factory, "
+        "communicator close) may run before it is abandoned and reported",
     ),
     _Setting(
         "trace",
@@ -286,7 +307,12 @@ SETTINGS: tuple[_Setting, ...] = (
         "check routed calls against the op's reference: calls per layer class (0 = off, "
         f"on = {DEFAULT_VERIFY_CALLS}); results in the dispatch log",
     ),
-    _Setting("verify_ops", _parse_ops, None, "only these ops are verified (unset = all)"),
+    _Setting(
+        "verify_ops",
+        _parse_verify_ops,
+        None,
+        "only these ops are verified (unset = all; not collectives or selections)",
+    ),
     _Setting(
         "custom_ops",
         _parse_bool,

@@ -27,11 +27,12 @@ import torch
 from ._files import open_regular_for_append
 from ._forksafe import reset_locks_in_child
 from ._strenum import StrEnum
+from .dispatch.binder import Decline
 from .errors import ConfigError
 from .schema import portable_json
 from .verify import VERIFY_EVENT
 
-__all__ = ["DispatchReport", "ReportEvent", "Runner", "read_log"]
+__all__ = ["CommunicatorState", "DispatchReport", "ReportEvent", "Runner", "read_log"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
 
@@ -51,6 +52,16 @@ class ReportEvent(StrEnum):
     GRAPH_STATE = "graph_state"  # the attention backend's plans allocated for a graph mode
     GRAPH_CAPTURE = "graph_capture"  # what compiling the decode step did: graphs, breaks, whose
     GRAPH_REPLAY = "graph_replay"  # a captured step was compiled again at replay (once per reason)
+    COMMUNICATOR = "communicator"  # a vendor communicator of one group was opened or closed
+
+
+class CommunicatorState(StrEnum):
+    """The ``state`` of a ``communicator`` record."""
+
+    OPEN = "open"  # set up for the group, agreed by every rank
+    CLOSED = "closed"  # its close() returned
+    RELEASED = "released"  # the group let go of it; another group still holds the handle
+    CLOSE_FAILED = "close_failed"  # its close() raised or did not return in time (problem)
 
 
 class Runner(StrEnum):
@@ -97,6 +108,18 @@ class DispatchReport:
                 os.close(self._open(log_path))
             except OSError as exc:
                 raise ConfigError(_log_error(log_path, exc)) from None
+
+    def report_decline(self, decline: Decline) -> None:
+        """A routed implementation's first decline of a call, per reason: a ``fallback``
+        record (a chain's ``on_decline``, for the layers and the collectives alike)."""
+        self.emit(
+            ReportEvent.FALLBACK,
+            op=decline.op,
+            impl_id=decline.impl_id,
+            next_impl_id=decline.next_impl_id,
+            reason=decline.reason,
+            runner=Runner.SGLANG_FL,
+        )
 
     def emit(self, event: ReportEvent, **fields: Any) -> dict[str, Any]:
         """Log one record and append it to the dispatch log; returns the record."""

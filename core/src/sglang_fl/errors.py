@@ -64,6 +64,16 @@ class GraphModeRefused(SglangFlError, RuntimeError):
     cannot run in its graph mode (the message says what and why)."""
 
 
+class ContractViolationError(SglangFlError):
+    """A plugin's code returned what its contract forbids (an output of the wrong shape): the
+    message names the implementation and what was expected."""
+
+
+class CollectiveDivergenceError(SglangFlError):
+    """The ranks of a process group would run different code for one collective call (one
+    declined it, the others did not): this rank stops rather than hang or compute wrongly."""
+
+
 class Unsupported(Exception):
     """Raised by an implementation, before it writes anything, to decline one call.
 

@@ -4,7 +4,9 @@ A plugin is in-process code: core cannot sandbox it. What core can do is call it
 turns every exception (``SystemExit`` and ``GeneratorExit`` included; ``KeyboardInterrupt``
 still interrupts) into a reported failure, bounds how long the host waits for it, and knows
 when the calling thread is running plugin code, so that re-entering sglang-fl from there is a
-clear error instead of a deadlock.
+clear error instead of a deadlock. Text a plugin hands core for display (messages, reasons,
+reprs) is cut at :data:`PLUGIN_TEXT_LIMIT` characters, with a marker saying so, so that one
+plugin cannot make every report and log line as large as it likes.
 """
 
 from __future__ import annotations
@@ -16,15 +18,25 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = [
+    "PLUGIN_TEXT_LIMIT",
     "PluginCall",
     "call_plugin_code",
+    "capped",
     "describe_exception",
+    "exception_text",
     "in_plugin_code",
+    "is_interrupt",
     "plain_str",
+    "plugin_text",
     "safe_repr",
 ]
 
 T = TypeVar("T")
+
+# The most characters of one plugin-supplied text (an error message, a reason, a repr) that a
+# report, a log line or a CLI output carries; the rest is replaced by CUT_MARKER's note.
+PLUGIN_TEXT_LIMIT = 2000
+CUT_MARKER = "... [sglang-fl: cut {count} more characters]"
 
 _plugin_code = threading.local()
 
@@ -51,29 +63,71 @@ def plain_str(value: object) -> str | None:
     return None
 
 
+def capped(text: str, limit: int = PLUGIN_TEXT_LIMIT) -> str:
+    """``text`` itself, or its first ``limit`` characters and a marker saying how many more
+    there were (a plugin's 50 MB message must not become a 50 MB log line or JSON field)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + CUT_MARKER.format(count=len(text) - limit)
+
+
+def plugin_text(value: object) -> str | None:
+    """A string a plugin supplies for display (a reason, a message): :func:`plain_str`, then
+    :func:`capped`. ``None`` when ``value`` is not a string. Not for names compared later
+    (impl ids, vendors): those stay exact and are checked at registration."""
+    text = plain_str(value)
+    return None if text is None else capped(text)
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` still ends the host when plugin code raises it: only an interrupt
+    (Ctrl-C) does; ``SystemExit``, ``GeneratorExit`` and any other
+    ``BaseException`` is a plugin's failure like any exception."""
+    return isinstance(exc, KeyboardInterrupt)
+
+
 def _type_name(value: object) -> str:
-    return plain_str(getattr(type(value), "__name__", None)) or "object"
+    return capped(plain_str(getattr(type(value), "__name__", None)) or "object", 200)
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message as plain, :func:`capped` text, even when its ``__str__`` raises
+    (then a description of that) or returns a ``str`` subclass (kept as its characters)."""
+    try:
+        return plugin_text(str(exc)) or ""
+    except BaseException as broken:
+        if is_interrupt(broken):
+            raise
+        return f"<str() of the exception raised {_type_name(broken)}>"
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``"Type: message"``, even when the exception's ``__str__`` itself raises or returns a
-    ``str`` subclass (kept as its plain characters, see :func:`plain_str`)."""
+    """``"Type: message"`` (:func:`exception_text`), or ``"Type"`` for an empty message."""
+    text = exception_text(exc)
     name = _type_name(exc)
-    try:
-        text = plain_str(str(exc)) or ""
-    except BaseException as broken:
-        if isinstance(broken, KeyboardInterrupt):
-            raise
-        text = f"<str() of the exception raised {_type_name(broken)}>"
     return f"{name}: {text}" if text else name
 
 
 def safe_repr(value: object) -> str:
-    """``repr(value)``, or a description of it when a plugin's ``__repr__`` raises."""
+    """``repr(value)`` (:func:`capped`), or a description of it when a plugin's ``__repr__``
+    raises."""
     try:
-        return plain_str(repr(value)) or ""
-    except Exception as exc:
+        return plugin_text(repr(value)) or ""
+    except BaseException as exc:
+        if is_interrupt(exc):
+            raise
         return f"<{_type_name(value)} whose repr() raised {_type_name(exc)}>"
+
+
+def _traceback_text() -> str:
+    """The traceback being handled, :func:`capped` (for ``--verbose``), even when formatting
+    it runs a plugin's ``__str__`` that raises."""
+    try:
+        return capped(traceback.format_exc(), 10 * PLUGIN_TEXT_LIMIT)
+    except BaseException as exc:
+        if is_interrupt(exc):
+            raise
+        return f"<the traceback could not be formatted: {_type_name(exc)}>"
 
 
 @dataclass(frozen=True)
@@ -100,7 +154,7 @@ def call_plugin_code(fn: Callable[[], T], *, what: str, timeout: float) -> Plugi
         try:
             value = fn()
         except BaseException as exc:
-            outcome.append(PluginCall(error=exc, details=traceback.format_exc()))
+            outcome.append(PluginCall(error=exc, details=_traceback_text()))
         else:
             outcome.append(PluginCall(value=value))
 

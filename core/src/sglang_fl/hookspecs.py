@@ -64,16 +64,27 @@ def sglang_fl_communicator(group: CollectiveGroup) -> object | None:
     the engine's): exchange the library's unique id over it (e.g.
     ``torch.distributed.broadcast_object_list(..., src=group.ranks[0], group=group.cpu_group)``)
     and create the communicator. The returned object reaches the
-    implementations as ``group.communicator``; if it has a ``close()`` method, that is the
-    teardown, called once when the engine destroys the group (and at interpreter exit).
-    Return ``None`` when the library needs no per-group state.
+    implementations as ``group.communicator``. Return ``None`` when the library needs no
+    per-group state.
+
+    Teardown: if the handle has a ``close()`` method, it is called once per handle (a handle
+    returned for several groups is closed when the last of them goes), in the process that
+    opened it, bounded by ``SGLANG_FL_PLUGIN_TIMEOUT`` (one that raises or does not return is
+    reported and abandoned): when the engine destroys the group, when SGLang ends a scheduler
+    gracefully (a server's SIGTERM, ``Engine.shutdown()``), and at interpreter exit. A forked
+    child never closes its parent's handles. A process killed outright (SIGKILL, a crash)
+    runs no ``close()``: do not rely on it for anything outside the process.
 
     Failure path: if this hook raises or does not return within ``SGLANG_FL_PLUGIN_TIMEOUT``
     seconds on any rank, every rank of the group keeps the reference collectives
     (``torch.distributed`` on the engine's device group) for that group, and the dispatch
     report records a ``fallback`` naming the plugin, the group and why. Under
     ``SGLANG_FL_STRICT=1`` it is a :class:`~sglang_fl.errors.StrictModeError` instead. The
-    ranks agree on the outcome over ``group.cpu_group``, so they never mix libraries.
+    ranks agree on the outcome, and before it on which implementation serves each collective,
+    so they never mix libraries; a call your collectives decline (``Unsupported``) on some
+    ranks only stops the declining rank with
+    :class:`~sglang_fl.errors.CollectiveDivergenceError`: decline only on what every rank sees
+    alike.
     """
 
 
@@ -88,8 +99,11 @@ def sglang_fl_attention_backend() -> SglangAttentionBackendOffer | None:
     factory builds the backend later, per model runner), not the backend itself. The offers and
     sglang-fl's kernel-based backend (``reference.sglang_fl_attention``) are the candidates of
     the selection ``sglang_attention_backend``, chosen by the policy like an op's
-    implementations. A hook that raises, hangs or returns something else is skipped and
-    reported (an error under ``SGLANG_FL_STRICT=1``).
+    implementations. The offer is checked as an ``OpImpl`` registration is (a callable
+    factory, an ``int`` priority, a bool or probe as ``available``). A hook that raises, hangs
+    or returns something else, or an offer that fails a check, is skipped and reported, the
+    other offers kept (an error under ``SGLANG_FL_STRICT=1``). The factory is bounded like a
+    hook.
     """
 
 

@@ -8,7 +8,7 @@ import threading
 import types
 from collections.abc import Callable
 
-from ..guard import call_plugin_code, describe_exception, plain_str, safe_repr
+from ..guard import call_plugin_code, describe_exception, plugin_text, safe_repr
 from .types import Availability, OpImpl
 
 __all__ = ["AvailabilityCache"]
@@ -116,7 +116,7 @@ def _answer(probe: Callable[[], object], impl: OpImpl) -> Availability:
     result = probe()
     if isinstance(result, Availability):
         reason: object = result.reason
-        text = plain_str(reason)  # an exact str: its __str__/__format__ cannot run later
+        text = plugin_text(reason)  # an exact str (its __str__ cannot run later), capped
         return Availability(bool(result.available), safe_repr(reason) if text is None else text)
     if result is True:
         return Availability(True, "probe reported available")

@@ -8,7 +8,9 @@ call to the next candidate; the first decline per implementation and reason is l
 process and handed to the binder's report callback; any other exception propagates (a call
 that failed is never re-run elsewhere); and under ``SGLANG_FL_STRICT=1`` the chain is the
 chosen implementation alone, whose decline is a :class:`~sglang_fl.errors.StrictModeError`
-naming the op and the implementation.
+naming the op and the implementation. A decline's reason is plugin text: cut at
+:data:`~sglang_fl.guard.PLUGIN_TEXT_LIMIT`, and an implementation whose declines keep giving
+new reasons is reported for its first :data:`REASONS_REPORTED` only.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from typing import Any
 
 from .._forksafe import reset_locks_in_child
 from ..errors import StrictModeError, Unsupported
+from ..guard import exception_text
 from .types import OpImpl
 
-__all__ = ["Decline", "DeclineSink", "FallbackChain"]
+__all__ = ["REASONS_REPORTED", "BeforeNext", "Decline", "DeclineSink", "FallbackChain"]
 
 _log = logging.getLogger(__name__)
+
+# Distinct decline reasons reported per implementation (a reason made per call, with a
+# counter or a shape in it, would otherwise log and record every call).
+REASONS_REPORTED = 20
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class Decline:
 
 # Receives each first decline per (implementation, reason): a dispatch-report record, say.
 DeclineSink = Callable[[Decline], object]
+# Called on every decline, with the declining candidate's position in the chain, before the
+# next candidate runs; it may raise to stop the call there (a collective's ranks confirming
+# that every one of them declined it, :class:`sglang_fl.communicators.DeclineCheck`).
+BeforeNext = Callable[[int, Unsupported], None]
 
 
 class FallbackChain:
@@ -50,7 +61,8 @@ class FallbackChain:
     ``try``. ``strict`` keeps the chosen implementation alone (:attr:`impls`); its decline is
     then a :class:`~sglang_fl.errors.StrictModeError`. ``on_decline`` is called, after the log
     warning, once per declining implementation and reason in this chain's life (one chain per
-    op and process wherever records must not repeat).
+    op and process wherever records must not repeat). ``before_next`` is called on every
+    decline, before the next candidate runs (see :data:`BeforeNext`).
     """
 
     def __init__(
@@ -60,6 +72,7 @@ class FallbackChain:
         *,
         strict: bool = False,
         on_decline: DeclineSink | None = None,
+        before_next: BeforeNext | None = None,
     ) -> None:
         if not candidates:
             raise ValueError(f"op {op!r}: a fallback chain needs at least one candidate")
@@ -68,7 +81,9 @@ class FallbackChain:
         # Strict cut fallbacks off: a decline is then an error, not the caller's Unsupported.
         self.strict = strict and len(candidates) > 1
         self.on_decline = on_decline
+        self.before_next = before_next
         self._declined: set[tuple[str, str]] = set()
+        self._reasons: dict[str, int] = {}  # impl_id -> distinct reasons reported
         self._lock = threading.Lock()
         reset_locks_in_child(self)
         self.fn: Callable[..., Any] = self._bind()
@@ -129,23 +144,41 @@ class FallbackChain:
                 return fn(*args, **kwargs)
             except Unsupported as exc:
                 raise StrictModeError(
-                    f"SGLANG_FL_STRICT=1: {chosen.impl_id} declined a call of {op} ({exc}); "
-                    "without strict mode the next candidate would run it"
+                    f"SGLANG_FL_STRICT=1: {chosen.impl_id} declined a call of {op} "
+                    f"({exception_text(exc)}); without strict mode the next candidate would "
+                    "run it"
                 ) from exc
 
         strict_call.__name__ = strict_call.__qualname__ = f"{op}_strictly_{chosen.impl_id}"
         return strict_call
 
     def _decline(self, index: int, exc: Unsupported) -> None:
-        """Log and report the first decline of each implementation and reason, once."""
-        impl_id, reason = self.impls[index].impl_id, str(exc)
+        """Let :attr:`before_next` stop the call; log and report the first decline of each
+        implementation and reason, once (at most :data:`REASONS_REPORTED` reasons each)."""
+        if self.before_next is not None:
+            self.before_next(index, exc)
+        impl_id, reason = self.impls[index].impl_id, exception_text(exc)
         key = (impl_id, reason)
         if key in self._declined:  # the common case after the first: no lock
             return
         with self._lock:
             if key in self._declined:
                 return
-            self._declined.add(key)
+            reported = self._reasons.get(impl_id, 0)
+            if reported > REASONS_REPORTED:
+                return
+            self._reasons[impl_id] = reported + 1
+            if reported < REASONS_REPORTED:  # the set stays bounded too
+                self._declined.add(key)
+        if reported == REASONS_REPORTED:
+            _log.warning(
+                "%s: %s declined calls for more than %d different reasons; further ones are "
+                "handed on without a log line or record",
+                self.op,
+                impl_id,
+                REASONS_REPORTED,
+            )
+            return
         decline = Decline(self.op, impl_id, self.impls[index + 1].impl_id, reason)
         _log.warning(
             "%s: %s declined a call (%s); handing it to %s (warned once per process)",

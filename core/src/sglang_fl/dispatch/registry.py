@@ -11,13 +11,26 @@ from typing import Any
 
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
-from ..guard import plain_str, safe_repr
+from ..guard import capped, plain_str, plugin_text, safe_repr
 from ..ops import STANDARD_OPS, OpContract, unknown_op_message
 from ..ops.attention.plan import AttentionPlanner, GraphMode
 from .identity import DIRECT_PLUGIN, identity_problem, is_core_reference
-from .types import BackendImplKind, OpImpl, Provenance
+from .types import BackendImplKind, BackendPriority, OpImpl, Provenance
 
-__all__ = ["DIRECT_PROVENANCE", "NoKernel", "OpRegistry", "RegistryState"]
+__all__ = [
+    "DIRECT_PROVENANCE",
+    "NAME_LIMIT",
+    "NoKernel",
+    "OpRegistry",
+    "RegistryState",
+    "available_problem",
+    "offered_candidate",
+    "priority_problem",
+]
+
+# The longest impl_id or vendor name a registration may carry: they are shown in every report
+# and log line, and compared (a name is no place for a plugin's megabytes).
+NAME_LIMIT = 200
 
 # Provenance of registrations made outside a plugin load (a test, an interactive session).
 DIRECT_PROVENANCE = Provenance(plugin=DIRECT_PLUGIN, distribution="<none>", version="")
@@ -128,7 +141,7 @@ class OpRegistry:
             scope = self._caller_scope(f"declared no kernel for {safe_repr(op_name)}")
         provenance = DIRECT_PROVENANCE if scope is None else scope.provenance
         who = f"plugin {provenance.plugin!r} ({provenance.distribution})"
-        name, text = plain_str(op_name), plain_str(reason)
+        name, text = plain_str(op_name), plugin_text(reason)
         problem = None
         if name is None or name not in STANDARD_OPS:
             problem = (
@@ -371,6 +384,7 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
         raise RegistrationError(
             f"{who} registered an op with impl_id={safe_repr(raw_id)}; expected a non-empty string"
         )
+    _check_length(who, "impl_id", impl_id)
     if type(kind) is not BackendImplKind:  # a plain "vendor" passes the type hint's check
         allowed = ", ".join(f"BackendImplKind.{k.name}" for k in BackendImplKind)
         raise RegistrationError(
@@ -388,30 +402,25 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             f"{who} registered {impl_id!r} with vendor={safe_repr(raw_vendor)}; expected a "
             "string or None"
         )
+    if vendor is not None:
+        _check_length(who, "vendor", vendor)
     if kind is BackendImplKind.VENDOR and not vendor:
         raise RegistrationError(
             f"{who} registered vendor implementation {impl_id!r} without a vendor name"
         )
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise RegistrationError(
-            f"{who} registered {impl_id!r} with priority={safe_repr(priority)}; "
-            "expected an int (see BackendPriority)"
-        )
+    problem = priority_problem(priority) or available_problem(declared)
+    if problem is not None:
+        raise RegistrationError(f"{who} registered {impl_id!r} with {problem}")
     priority = int.__int__(priority)  # an int subclass (an IntEnum member) as its value
     if not callable(fn):
         raise RegistrationError(f"{who} registered {impl_id!r} with a non-callable fn")
-    if declared is not None and not isinstance(declared, bool) and not callable(declared):
-        raise RegistrationError(
-            f"{who} registered {impl_id!r} with available={safe_repr(declared)}; expected "
-            "None, True, False or a no-argument probe returning bool or Availability"
-        )
     contract = STANDARD_OPS[op_name]
     graph_problems = _graph_problems(impl.graph_problems, impl_id, who)
     fn, planner = _planned(contract, impl_id, fn, impl.planner, who)
     problem = contract.signature_problem(fn)
     if problem is not None:
         raise RegistrationError(
-            f"{who} registered {impl_id!r} for op {op_name!r}, but {plain_str(problem)}; "
+            f"{who} registered {impl_id!r} for op {op_name!r}, but {plugin_text(problem)}; "
             f"expected {contract.signature_text()}"
         )
     return OpImpl(
@@ -484,3 +493,59 @@ def _planned(
 
 def _planned_ops() -> list[str]:
     return [name for name, c in STANDARD_OPS.items() if c.plan_stage is not None]
+
+
+def _check_length(who: str, field_name: str, value: str) -> None:
+    if len(value) > NAME_LIMIT:
+        raise RegistrationError(
+            f"{who} registered {field_name}={capped(value, 60)!r}: {len(value)} characters, "
+            f"at most {NAME_LIMIT} allowed"
+        )
+
+
+def priority_problem(priority: object) -> str | None:
+    """What is wrong with a registration's (or an offer's) ``priority``, or ``None``: an
+    ``int`` (an ``IntEnum`` member too), never a ``bool``, a float or a numeric string."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        return f"priority={safe_repr(priority)}; expected an int (see BackendPriority)"
+    return None
+
+
+def available_problem(declared: object) -> str | None:
+    """What is wrong with a declared ``available``, or ``None`` (a bool or a probe)."""
+    if declared is not None and not isinstance(declared, bool) and not callable(declared):
+        return (
+            f"available={safe_repr(declared)}; expected None, True, False or a no-argument "
+            "probe returning bool or Availability"
+        )
+    return None
+
+
+def offered_candidate(
+    offer: object, offer_type: type, *, selection: str, impl_id: str, vendor: str
+) -> OpImpl:
+    """One plugin's offer for a selection (``ops.SELECTIONS``: a whole attention backend, ...)
+    checked as a registration is, and made the selection's ``vendor`` candidate.
+
+    ``offer_type`` is the selection's frozen offer dataclass, with the fields ``factory`` (a
+    callable), ``priority`` (``None``: :attr:`BackendPriority.VENDOR`, else an ``int``) and
+    ``available`` (``None``, a bool or a probe). The offer must be exactly that type (a
+    subclass could answer each read differently); each field is read once. Raises
+    :class:`RegistrationError` naming the first field that is wrong and what is allowed; what
+    is kept is a fresh :class:`OpImpl` of exact values. Call it where plugin code may run
+    bounded (the hook's worker): ``repr`` and ``callable`` of a plugin's objects are read.
+    """
+    if type(offer) is not offer_type:
+        raise RegistrationError(f"{safe_repr(offer)} is not a {offer_type.__name__}")
+    fields: Any = offer  # each field read once, as the registry reads an OpImpl's
+    factory, priority, declared = fields.factory, fields.priority, fields.available
+    problem = None
+    if not callable(factory):
+        problem = f"factory={safe_repr(factory)}; expected a callable taking the engine's object"
+    elif priority is not None:
+        problem = priority_problem(priority)
+    problem = problem or available_problem(declared)
+    if problem is not None:
+        raise RegistrationError(f"its {problem}")
+    kept = BackendPriority.VENDOR if priority is None else int.__int__(priority)
+    return OpImpl(selection, impl_id, BackendImplKind.VENDOR, factory, vendor, kept, declared)

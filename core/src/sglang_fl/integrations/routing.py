@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._forksafe import reset_locks_in_child
-from ..dispatch.binder import Decline, FallbackChain
+from ..dispatch.binder import FallbackChain
 from ..dispatch.resolve import Resolution
 from ..dispatch_report import DispatchReport, ReportEvent, Runner
 from ..errors import NoImplementationError
@@ -325,20 +325,9 @@ class LayerRouter:
             with self._lock:
                 chain = self._chains.get(resolution.op)
                 if chain is None:
-                    chain = resolution.bind(self.report_decline)
+                    chain = resolution.bind(self.report.report_decline)
                     self._chains[resolution.op] = chain
         return chain
-
-    def report_decline(self, decline: Decline) -> None:
-        """A ``fallback`` record for a candidate's first decline of a reason."""
-        self.report.emit(
-            ReportEvent.FALLBACK,
-            op=decline.op,
-            impl_id=decline.impl_id,
-            next_impl_id=decline.next_impl_id,
-            reason=decline.reason,
-            runner=Runner.SGLANG_FL,
-        )
 
     def _note_refusal(
         self, cls: type, op_name: str | None, reason: str, engine_forward: Forward

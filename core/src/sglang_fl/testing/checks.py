@@ -297,33 +297,68 @@ def plan(
 def _collective_checks(
     impl: OpImpl, label: str, siblings: list[OpImpl], plugin: str
 ) -> Iterator[Check]:
-    """A collective's checks: its signature, then one multi-process run per world size (the
-    kit spawns the ranks, gloo on the CPU, with a hard timeout), every case and dtype in it.
-    A peer op (``recv`` for ``send``) is the same vendor's when it registers one."""
+    """A collective's checks: its signature, then one item per world size, dtype and case.
+
+    The cases of one world size run together, in one multi-process run (the kit starts the
+    ranks, gloo on the CPU, with a hard timeout) made by the first of its items to run and
+    read by the others. A peer op (``recv`` for ``send``) is the same vendor's when it
+    registers one.
+    """
     yield Check(f"{label}/signature", _bind(check_signature, impl))
     availability = probe(impl)
     if not availability:
         reason = f"{describe(impl)} is unavailable here: {availability.reason}"
         yield Check(f"{label}/unavailable", _const(Outcome(SKIPPED, reason)))
         return
-    spec = get_contract(impl.op_name).collective
+    contract = get_contract(impl.op_name)
+    spec = contract.collective
     assert spec is not None
     impls = {impl.op_name: impl.impl_id}
     for peer in spec.peers:
         same_vendor = [i for i in siblings if i.op_name == peer]
         if same_vendor:
             impls[peer] = same_vendor[0].impl_id
+    run = _CollectiveRuns(impl, impls, plugin)
     for world_size in spec.world_sizes:
-        yield Check(
-            f"{label}/world={world_size}",
-            _bind(check_collective, impl, impls, world_size, plugin),
-        )
+        for case, dtype, case_id in contract_grid(impl.op_name):
+            yield Check(
+                f"{label}/world={world_size}/{case_id}",
+                _bind(run.case, world_size, dtype_name(dtype), case.name),
+            )
+
+
+class _CollectiveRuns:
+    """One vendor collective's multi-process runs, one per world size, made on first use."""
+
+    def __init__(self, impl: OpImpl, impls: Mapping[str, str], plugin: str) -> None:
+        self.impl, self.impls, self.plugin = impl, dict(impls), plugin
+        self._runs: dict[int, dict[tuple[str, str], Any]] = {}
+
+    def case(self, world_size: int, dtype: str, case: str) -> Outcome:
+        """One case's outcome, from its world size's run."""
+        from .collectives import run_collective_checks
+
+        if world_size not in self._runs:
+            results = run_collective_checks(
+                world_size, self.impls, ops=[self.impl.op_name], plugin=self.plugin
+            )
+            self._runs[world_size] = {(r.dtype, r.case): r for r in results}
+        result = self._runs[world_size].get((dtype, case))
+        where = f"{describe(self.impl)}, case {dtype}/{case} on {world_size} ranks"
+        if result is None:
+            return Outcome(FAILED, f"{where}: the kit ran no such case")
+        if result.declined:
+            return Outcome(SKIPPED, f"{where} declined: {result.message}")
+        if not result.passed:
+            return Outcome(FAILED, f"{where} failed:\n{result.message}")
+        return Outcome(PASSED)
 
 
 def check_collective(
     impl: OpImpl, impls: Mapping[str, str], world_size: int, plugin: str
 ) -> Outcome:
-    """Every case and dtype of a collective on ``world_size`` spawned ranks (gloo, CPU)."""
+    """Every case and dtype of a collective on ``world_size`` spawned ranks (gloo, CPU), as
+    one outcome (the hardware scripts' summary; the pytest items are one per case)."""
     from .collectives import run_collective_checks
 
     results = run_collective_checks(world_size, impls, ops=[impl.op_name], plugin=plugin)

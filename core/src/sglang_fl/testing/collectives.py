@@ -1,12 +1,17 @@
 """Multi-process conformance for collectives: the kit starts the ranks itself (gloo on the CPU).
 
-:func:`run_collective_checks` spawns ``world_size`` fresh interpreters, joins them in one
-gloo process group, sets up the vendor's communicator for it (``sglang_fl_communicator``,
-the same lifecycle SGLang's groups get), and runs every case and dtype of the selected
-collective contracts on every rank; each rank compares its own output with what the contract
-says that rank must hold (computed from every rank's inputs, without communication) and
-checks that preserved inputs stayed untouched. The whole run has a hard timeout: a hang (a
-collective one rank never joins) kills the ranks and fails every case not yet reported.
+:func:`run_collective_checks` starts ``world_size`` fresh interpreters (subprocesses running
+a function of this module: the caller's script is never imported again, so it needs no
+``if __name__ == "__main__":`` guard), joins them in one gloo process group, sets up the
+vendor's communicator for it (``sglang_fl_communicator``, the same lifecycle SGLang's groups
+get), and runs every case and dtype of the selected collective contracts on every rank; each
+rank compares its own output with what the contract says that rank must hold (computed from
+every rank's inputs, without communication) and checks that preserved inputs stayed untouched.
+Then each rank tears down as an engine does (the communicator's ``close()``, bounded by
+``SGLANG_FL_PLUGIN_TIMEOUT``, then the process group) and says it finished. The whole run has
+a hard timeout: a hang (a collective one rank never joins) kills the ranks and fails every case
+not yet reported; a rank that does not finish (its teardown failed or hung, it died) fails
+every case of the run, naming the rank and why.
 
 Implementations are named by ``impl_id`` and looked up in each rank's own registry (the
 installed plugins), so they need not be picklable; ``None`` checks the references.
@@ -14,10 +19,12 @@ installed plugins), so they need not be picklable; ``None`` checks the reference
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -90,7 +97,6 @@ def run_collective_checks(
             raise ValueError(f"op {op!r} is not a collective; collectives: {collective_ops()}")
     with tempfile.TemporaryDirectory(prefix="sglang-fl-collectives-") as tmp:
         root = Path(tmp)
-        context = multiprocessing.get_context("spawn")
         job = {
             "world_size": world_size,
             "impls": dict(impls or {}),
@@ -100,25 +106,45 @@ def run_collective_checks(
             "store": str(root / "store"),
             "results": str(root),
             "timeout": timeout,
-            "env": dict(env or {}),
             "prepare": prepare,
         }
-        ranks = [
-            context.Process(target=_rank_main, args=(job, rank), name=f"sglang-fl-rank{rank}")
-            for rank in range(world_size)
-        ]
-        for process in ranks:
-            process.start()
+        job_file = root / "job.json"
+        job_file.write_text(json.dumps(job))
+        environment = {**os.environ, **dict(env or {})}
+        # The ranks see what this process sees (a test's plugin site on sys.path, too).
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        ranks = []
+        for rank in range(world_size):
+            with (root / f"rank{rank}.log").open("wb") as log:
+                ranks.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", _RANK_ENTRY, str(job_file), str(rank)],
+                        env=environment,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         deadline = time.monotonic() + timeout
+        hung = []
+        for rank, process in enumerate(ranks):
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung.append(rank)
         for process in ranks:
-            process.join(max(0.0, deadline - time.monotonic()))
-        hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
-        for process in ranks:
-            if process.is_alive():
+            if process.poll() is None:
                 process.kill()
-                process.join(10)
-        exits = {rank: process.exitcode for rank, process in enumerate(ranks)}
+                process.wait(10)
+        exits = {rank: process.returncode for rank, process in enumerate(ranks)}
         return list(_collect(root, job, hung, exits))
+
+
+# What each rank runs: a function of this module, never the caller's ``__main__``.
+_RANK_ENTRY = (
+    "import sys; from sglang_fl.testing.collectives import _rank_main; "
+    "_rank_main(sys.argv[1], int(sys.argv[2]))"
+)
 
 
 def _planned(job: Mapping[str, Any]) -> Iterator[tuple[str, Any, Any]]:
@@ -143,12 +169,26 @@ def _collect(
     n = job["world_size"]
     per_rank: list[dict[str, dict[str, Any]]] = []
     setup: list[str] = []
+    silent: dict[int, str] = {}  # why a rank reported no more
+    unfinished: list[str] = []  # a rank that did not finish fails every case of the run
     for rank in range(n):
         path = root / f"rank{rank}.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         records = [json.loads(line) for line in lines if line.strip()]
-        setup += [f"rank {rank}: {r['message']}" for r in records if r.get("setup")]
-        per_rank.append({r["id"]: r for r in records if not r.get("setup")})
+        failed_setup = [f"rank {rank}: {r['message']}" for r in records if r.get("setup")]
+        setup += failed_setup
+        per_rank.append({r["id"]: r for r in records if "id" in r})
+        finished = [r for r in records if r.get("finished")]
+        if rank in hung:
+            silent[rank] = "hung (killed at the kit's timeout)"
+        else:
+            silent[rank] = f"exited with code {exits[rank]} before reporting it"
+            if not records:  # not even a set-up record: its own output is all there is
+                silent[rank] += _output_tail(root / f"rank{rank}.log")
+        if finished and finished[0]["teardown"]:
+            unfinished.append(f"rank {rank}: teardown: {finished[0]['teardown']}")
+        elif not finished and not failed_setup:
+            unfinished.append(f"rank {rank} did not finish: {silent[rank]}")
     for op, case, dtype in _planned(job):
         name = str(dtype).removeprefix("torch.")
         case_id = f"{op}/world={n}/{name}/{case.name}"
@@ -161,27 +201,29 @@ def _collect(
         for rank in range(n):
             record = records[rank]
             if record is None:
-                why = (
-                    "hung (killed at the kit's timeout)"
-                    if rank in hung
-                    else (f"exited with code {exits[rank]} before reporting it")
-                )
-                problems.append(f"rank {rank}: {why}")
+                problems.append(f"rank {rank}: {silent[rank]}")
             elif not record["passed"]:
                 problems.append(f"rank {rank}: {record['message']}")
         if problems and setup:
             problems += setup
+        problems += unfinished
         declined = bool(declines) and all(declines) and not problems
         message = str(declines[0]) if declined else "\n".join(problems)
         yield CollectiveResult(op, n, case.name, name, not problems, message, declined)
 
 
+def _output_tail(log: Path) -> str:
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    return f"; its output ends:\n{tail}" if tail.strip() else ""
+
+
 # -- one rank ------------------------------------------------------------------------------------
 
 
-def _rank_main(job: Mapping[str, Any], rank: int) -> None:
-    """The body of one spawned rank: join the group, run the plan, write one line per case."""
-    os.environ.update(job["env"])
+def _rank_main(job_file: str, rank: int) -> None:
+    """The body of one rank: join the group, run the plan, write one line per case, tear
+    down, write that it finished (with the teardown's problem, if any)."""
+    job = json.loads(Path(job_file).read_text())
     out = Path(job["results"]) / f"rank{rank}.jsonl"
 
     def write(record: Mapping[str, Any]) -> None:
@@ -206,18 +248,21 @@ def _rank_main(job: Mapping[str, Any], rank: int) -> None:
         except Exception as exc:
             message = f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         write({"id": case_id, "passed": message is None, "message": message or ""})
-    _teardown(job, group)
+    write({"finished": True, "teardown": _teardown(job, group)})
 
 
-def _teardown(job: Mapping[str, Any], group: Any) -> None:
-    """The communicator's teardown, then the process group's, as an engine's shutdown does."""
+def _teardown(job: Mapping[str, Any], group: Any) -> str | None:
+    """The communicator's teardown (bounded), then the process group's, as an engine's
+    shutdown does; what went wrong, or ``None``."""
     import torch.distributed as dist
 
     from ..communicators import close_communicator
 
+    problem = None
     if job["plugin"] and group.communicator is not None:
-        close_communicator(job["plugin"], group, group.communicator)
+        problem = close_communicator(job["plugin"], group, group.communicator).problem
     dist.destroy_process_group()
+    return problem
 
 
 def _setup(job: Mapping[str, Any], rank: int) -> tuple[Any, dict[str, dict[str, Any]]]:
@@ -250,7 +295,7 @@ def _setup(job: Mapping[str, Any], rank: int) -> tuple[Any, dict[str, dict[str, 
         outcome = open_communicator(runtime, job["plugin"], group)
         if not outcome.ok:
             raise RuntimeError(f"the communicator could not be set up: {outcome.problem}")
-        group = CollectiveGroup(**{**group.__dict__, "communicator": outcome.communicator})
+        group = dataclasses.replace(group, communicator=outcome.communicator)
     wanted = dict(job["impls"])
     fns: dict[str, dict[str, Any]] = {}
     for op in job["ops"]:

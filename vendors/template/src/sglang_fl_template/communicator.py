@@ -4,8 +4,10 @@ A collective library with communicators of its own (FlagCX: ``flagcxGetUniqueId`
 ``flagcxCommInitRank``, ``flagcxAllReduce`` ..., ``flagcxCommDestroy``) is set up per group by
 the ``sglang_fl_communicator`` hook (plugin.py), on every rank of the group: rank 0 makes a
 unique id, the others receive it over ``group.cpu_group`` (a gloo group sglang-fl made for
-this set-up), every rank creates its communicator from it, and ``close()`` destroys it when
-the engine destroys the group. The collectives (impl/collectives.py) reach the handle as
+this set-up), every rank creates its communicator from it, and ``close()`` destroys it (called
+once per handle when the engine tears the group down, bounded by SGLANG_FL_PLUGIN_TIMEOUT; a
+rank killed outright runs no close(), so rely on it for nothing outside the process). The
+collectives (impl/collectives.py) reach the handle as
 ``group.communicator``. If the set-up raises or hangs on any rank, every rank of the group
 keeps the reference collectives (reported; an error under ``SGLANG_FL_STRICT=1``).
 """

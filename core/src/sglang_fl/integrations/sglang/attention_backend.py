@@ -28,7 +28,10 @@ runner is refused with the reasons otherwise.
 What the ops do not cover is handed to SGLang's own ``torch_native`` backend, reported once
 per reason: cross-attention and encoder-decoder batches, and KV pools whose layout the store
 op does not write (quantized, HND, 5-D); an op no implementation survives for is handed over
-too, unless ``SGLANG_FL_STRICT=1`` makes that an error.
+too, unless ``SGLANG_FL_STRICT=1`` makes that an error. A call that every candidate the policy
+allows declines with ``Unsupported`` (``SGLANG_FL_PER_OP=decode_attention=vendor:x`` and x
+declines it) is run by SGLang's code as well (the pool's own writer for the store), reported
+once per op; under strict mode the first candidate's decline is already an error.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ import torch
 from ...dispatch.binder import FallbackChain
 from ...dispatch.resolve import Resolution
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import GraphModeRefused, NoImplementationError
+from ...errors import GraphModeRefused, NoImplementationError, StrictModeError, Unsupported
+from ...guard import exception_text
 from ...ops.attention import NO_WINDOW, attention_layer
 from ...ops.attention.plan import (
     AttentionBatch,
@@ -167,7 +171,9 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         for op_name, kind in AttentionOp.PLANNED.items():
             resolution = self._resolution(op_name)
             if resolution is not None:
-                self._chains[op_name] = self.plans.chain(kind, resolution, router.report_decline)
+                self._chains[op_name] = self.plans.chain(
+                    kind, resolution, router.report.report_decline
+                )
 
     # --- per forward ------------------------------------------------------------------------
 
@@ -195,21 +201,9 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        served = self._begin(AttentionOp.EXTEND, layer, forward_batch, kwargs, k, v, save_kv_cache)
-        if isinstance(served, str):
-            handed: torch.Tensor = self._sglang(served).forward_extend(
-                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
-            )
-            return handed
-        kernel, md = served
-        heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
-        out: torch.Tensor = kernel(
-            q.view(-1, heads, layer.qk_head_dim),
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            md.plan,
+        return self._forward(
+            AttentionOp.EXTEND, q, k, v, layer, forward_batch, save_kv_cache, kwargs
         )
-        return out.view(-1, heads * v_dim)
 
     def forward_decode(
         self,
@@ -221,21 +215,42 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         save_kv_cache: bool = True,
         **kwargs: Any,
     ) -> torch.Tensor:
-        served = self._begin(AttentionOp.DECODE, layer, forward_batch, kwargs, k, v, save_kv_cache)
+        return self._forward(
+            AttentionOp.DECODE, q, k, v, layer, forward_batch, save_kv_cache, kwargs
+        )
+
+    def _forward(
+        self,
+        op_name: str,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool,
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        """Both forwards: the layer's bound kernel over the pool, or SGLang's torch_native for
+        what the ops do not cover and for a call every allowed kernel declined."""
+        served = self._begin(op_name, layer, forward_batch, kwargs, k, v, save_kv_cache)
         if isinstance(served, str):
-            handed: torch.Tensor = self._sglang(served).forward_decode(
-                q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache
-            )
-            return handed
+            native = self._sglang(served)
+            return _native_forward(native, op_name, q, k, v, layer, forward_batch, save_kv_cache)
         kernel, md = served
         heads, v_dim = layer.tp_q_head_num, layer.v_head_dim
-        out: torch.Tensor = kernel(
+        args = [
             # As torch_native: a compiled rope may hand over a 3-D q.
             q.reshape(-1, heads, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             md.plan,
-        )
+        ]
+        try:
+            out: torch.Tensor = kernel(*args)
+        except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
+            native = self._declined(op_name, exc)
+            # The new K/V are already stored.
+            return _native_forward(native, op_name, q, k, v, layer, forward_batch, False)
         return out.view(-1, heads * v_dim)
 
     def _begin(
@@ -461,13 +476,19 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             return
         if self.use_sliding_window_kv_pool and pool.layers_mapping[layer.layer_id][1]:
             loc = md.swa_out_cache_loc
-        kernels.store(
-            pool.get_key_buffer(layer.layer_id),
-            pool.get_value_buffer(layer.layer_id),
-            loc,
-            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
-            v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
-        )
+        try:
+            kernels.store(
+                pool.get_key_buffer(layer.layer_id),
+                pool.get_value_buffer(layer.layer_id),
+                loc,
+                k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            )
+        except Unsupported as exc:  # every allowed candidate declined: the pool writes it
+            self._declined(AttentionOp.STORE, exc)
+            pool.set_kv_buffer(
+                layer, self._kv_write_loc(md.out_cache_loc, md.swa_out_cache_loc), k, v
+            )
 
     # --- SGLang's own backend, for what the ops do not cover ---------------------------------
 
@@ -478,11 +499,25 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             return f"attention arguments the ops do not take: {sorted(kwargs)}"
         return None
 
-    def _sglang(self, reason: str) -> Any:
+    def _declined(self, op_name: str, exc: Unsupported) -> Any:
+        """Every candidate the policy allows for ``op_name`` declined a call (the last one's
+        ``Unsupported`` reached here): SGLang's own code runs it, reported once per op."""
+        declined = (
+            f"every candidate the policy allows for {op_name} declined a call (the last: "
+            f"{exception_text(exc)})"
+        )
+        if self.runtime.config.strict:
+            raise StrictModeError(
+                f"SGLANG_FL_STRICT=1: {declined}; without strict mode SGLang's own code would "
+                "run it"
+            ) from exc
+        return self._sglang(f"{declined}; SGLang's own code ran it", key=f"declined:{op_name}")
+
+    def _sglang(self, reason: str, key: str | None = None) -> Any:
         self._report_once(
             ReportEvent.HANDOFF,
             "handoff",
-            reason,
+            key or reason,
             layer="sglang.srt.layers.radix_attention.RadixAttention",
             runner=Runner.SGLANG,
             sglang_forward="TorchNativeAttnBackend",
@@ -506,6 +541,22 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
                 return
             self._reported.add(marker)
         self.report.emit(event, **fields)
+
+
+def _native_forward(
+    native: Any,
+    op_name: str,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    layer: Any,
+    forward_batch: Any,
+    save_kv_cache: bool,
+) -> torch.Tensor:
+    """SGLang's torch_native running one call of ``op_name`` (extend or decode)."""
+    forward = native.forward_decode if op_name == AttentionOp.DECODE else native.forward_extend
+    ran: torch.Tensor = forward(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache)
+    return ran
 
 
 def _op_label(layer: Any, op_name: str) -> str:

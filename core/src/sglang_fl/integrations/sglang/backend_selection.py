@@ -7,17 +7,21 @@ candidate per plugin whose ``sglang_fl_attention_backend`` hook offers a whole b
 use (:meth:`~sglang_fl.runtime.Runtime.resolve_among`): ``prefer``, the selection's ``per_op``
 entry, the vendor lists, availability probes, strict mode.
 
+An offer is checked as an ``OpImpl`` registration is (``factory`` callable, ``priority`` an
+``int``, ``available`` a bool or a probe: :func:`~sglang_fl.dispatch.registry.offered_candidate`,
+one validator for every selection's offers); a wrong one is a rejected candidate with the reason.
+
 Per model runner, :func:`build_backend` walks the decision's chain: a vendor factory that
-raises or returns no ``AttentionBackend`` is reported (``fallback``) and the next candidate is
-built, down to the kernel-based backend; under ``SGLANG_FL_STRICT=1`` it is a
-:class:`~sglang_fl.errors.StrictModeError` naming the vendor. One ``attention_backend`` record
-per model runner says which backend served and why.
+raises (any ``BaseException`` but an interrupt), does not return within
+``SGLANG_FL_PLUGIN_TIMEOUT`` or returns no ``AttentionBackend`` is reported (``fallback``) and
+the next candidate is built, down to the kernel-based backend; under ``SGLANG_FL_STRICT=1`` it
+is a :class:`~sglang_fl.errors.StrictModeError` naming the vendor. One ``attention_backend``
+record per model runner says which backend served and why.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 import weakref
@@ -25,12 +29,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..._version import __version__
 from ...dispatch.identity import CORE_DISTRIBUTION, REFERENCE_PLUGIN
+from ...dispatch.registry import offered_candidate
 from ...dispatch.resolve import CandidateOutcome, CandidateVerdict, Resolution
-from ...dispatch.types import BackendImplKind, BackendPriority, OpImpl, Provenance
+from ...dispatch.types import BackendImplKind, OpImpl, Provenance
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError, StrictModeError
+from ...errors import (
+    ContractViolationError,
+    NoImplementationError,
+    RegistrationError,
+    StrictModeError,
+)
 from ...guard import call_plugin_code, describe_exception, safe_repr
 from ...loader import call_plugin_hook
 from ...ops.attention import SGLANG_ATTENTION_BACKEND, SglangAttentionBackendOffer
@@ -73,39 +85,52 @@ def _reference(build_kernel_backend: Callable[[Any], Any]) -> OpImpl:
     return impl.with_provenance(Provenance(REFERENCE_PLUGIN, CORE_DISTRIBUTION, __version__))
 
 
-def _offer_of(
-    runtime: Runtime, plugin: str
-) -> tuple[SglangAttentionBackendOffer | None, str | None]:
+def _offer_of(runtime: Runtime, plugin: str) -> tuple[OpImpl | None, str | None]:
+    """The plugin's offer as a checked candidate, ``(None, None)`` for no offer, or why not.
+
+    The hook and the checks of its answer (which read the plugin's objects) run together in
+    one bounded worker.
+    """
     pm = runtime.plugin_manager
     timeout = runtime.config.plugin_timeout
-    outcome = call_plugin_code(
-        functools.partial(call_plugin_hook, pm, pm.get_plugin(plugin), HOOK),
-        what=f"{HOOK} of plugin {plugin!r}",
-        timeout=timeout,
-    )
+
+    def ask() -> OpImpl | None:
+        answers = call_plugin_hook(pm, pm.get_plugin(plugin), HOOK)
+        offered = [a for a in (answers or []) if a is not None]  # pluggy: a list per call
+        if not offered:
+            return None
+        return offered_candidate(
+            offered[0],
+            SglangAttentionBackendOffer,
+            selection=SGLANG_ATTENTION_BACKEND,
+            impl_id=_impl_id(plugin),
+            vendor=plugin,
+        )
+
+    outcome = call_plugin_code(ask, what=f"{HOOK} of plugin {plugin!r}", timeout=timeout)
     if outcome.timed_out:
         return None, f"{HOOK} did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT)"
+    if isinstance(outcome.error, RegistrationError):  # the answer was checked and refused
+        return None, f"{HOOK} returned an unusable offer: {outcome.error}"
     if outcome.error is not None:
         return None, f"{HOOK} raised {describe_exception(outcome.error)}"
-    answers = [a for a in (outcome.value or []) if a is not None]  # pluggy: a list per call
-    if not answers:
-        return None, None
-    offer = answers[0]
-    if not isinstance(offer, SglangAttentionBackendOffer):
-        return None, f"{HOOK} returned {safe_repr(offer)}, not a SglangAttentionBackendOffer"
-    return offer, None
+    return outcome.value, None
 
 
 def candidates(
     runtime: Runtime, build_kernel_backend: Callable[[Any], Any]
 ) -> tuple[list[OpImpl], list[OfferProblem]]:
-    """The kernel-based backend and every plugin's offer, asked alone, in pluggy's order."""
+    """The kernel-based backend and every plugin's offer, asked alone, in pluggy's order.
+
+    An offer is checked as an ``OpImpl`` registration is (:func:`offered_candidate`): one
+    whose fields are wrong is refused with the reason (a rejected candidate), the others kept.
+    """
     found = [_reference(build_kernel_backend)]
     problems: list[OfferProblem] = []
     hook = getattr(runtime.plugin_manager.hook, HOOK, None)
     for hookimpl in reversed(hook.get_hookimpls() if hook is not None else []):
         plugin = hookimpl.plugin_name
-        offer, problem = _offer_of(runtime, plugin)
+        impl, problem = _offer_of(runtime, plugin)
         if problem is not None:
             if runtime.config.strict:
                 raise StrictModeError(f"SGLANG_FL_STRICT=1: plugin {plugin!r}: {problem}")
@@ -114,18 +139,8 @@ def candidates(
             )
             problems.append(OfferProblem(plugin, problem))
             continue
-        if offer is None:
-            continue
-        impl = OpImpl(
-            op_name=SGLANG_ATTENTION_BACKEND,
-            impl_id=_impl_id(plugin),
-            kind=BackendImplKind.VENDOR,
-            fn=offer.factory,
-            vendor=plugin,
-            priority=BackendPriority.VENDOR if offer.priority is None else offer.priority,
-            available=offer.available,
-        )
-        found.append(impl.with_provenance(_provenance(runtime, plugin)))
+        if impl is not None:
+            found.append(impl.with_provenance(_provenance(runtime, plugin)))
     return found, problems
 
 
@@ -225,7 +240,9 @@ def build_backend(
         if impl.impl_id == REFERENCE_IMPL_ID:
             backend = build_kernel_backend(model_runner)
         else:
-            backend, problem = _build_vendor(impl, model_runner, backend_base)
+            backend, problem = _build_vendor(
+                impl, model_runner, backend_base, runtime.config.plugin_timeout
+            )
             if problem is not None:
                 message = f"vendor {impl.vendor!r}: attention backend {impl.impl_id}: {problem}"
                 if strict:
@@ -250,17 +267,112 @@ def build_backend(
                     chain.append(next_impl)
                 continue
         _emit(report, impl, backend, reason, failed, fields)
+        if impl.impl_id != REFERENCE_IMPL_ID:
+            _watch_forwards(backend, impl)
         return backend
     raise AssertionError("the chain always ends with a candidate that builds")
 
 
-def _build_vendor(impl: OpImpl, model_runner: Any, backend_base: type) -> tuple[Any, str | None]:
-    """The vendor's backend, or why not. Called in the engine's thread (current device)."""
-    try:
-        backend = impl.fn(model_runner)
-    except Exception as exc:
-        return None, f"its factory raised {describe_exception(exc)}"
-    if not isinstance(backend, backend_base):
+# The forwards of a vendor's backend that return one layer's attention output.
+_FORWARDS = ("forward_extend", "forward_decode")
+
+
+def _watch_forwards(backend: Any, impl: OpImpl) -> None:
+    """Make a vendor backend's faults name it: its forwards, as instance attributes, check the
+    output's shape (``[tokens, q_heads * v_head_dim]``, what SGLang's ``RadixAttention`` and
+    its next layer take) and mark an exception as the vendor's.
+
+    Nothing is re-run or replaced: the forward may have written the KV cache before it failed,
+    so the error propagates (SGLang stops the request or the engine) and says whose it was.
+    The cost is one frame and one shape comparison per layer call.
+    """
+    who = f"the attention backend {impl.impl_id} ({impl.provenance})"
+    for name in _FORWARDS:
+        forward = getattr(backend, name, None)
+        if callable(forward):
+            setattr(backend, name, _watched(forward, name, who))
+
+
+def _watched(forward: Callable[..., Any], name: str, who: str) -> Callable[..., Any]:
+    def watched(q: Any, k: Any, v: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = forward(q, k, v, layer, *args, **kwargs)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(f"sglang-fl: raised by {who} in {name}")
+            raise
+        if isinstance(out, torch.Tensor):
+            rows, width = q.shape[0], layer.tp_q_head_num * layer.v_head_dim
+            if out.shape[0] != rows or out.numel() != rows * width:
+                raise ContractViolationError(
+                    f"{who} returned a {list(out.shape)} output from {name}; SGLang's "
+                    f"attention layer takes [{rows}, {width}] (tokens, q_heads * v_head_dim)"
+                )
+        return out
+
+    watched.__name__ = watched.__qualname__ = name
+    watched.__wrapped__ = forward  # type: ignore[attr-defined]
+    return watched
+
+
+@dataclass(frozen=True)
+class _TorchThreadState:
+    """The engine thread's thread-local torch state a backend's factory builds under: the
+    accelerator's current device and stream, grad and inference modes. Carried into the
+    worker that runs the factory, so it allocates where the engine's own thread would."""
+
+    grad: bool
+    inference: bool
+    device_index: int | None = None
+    stream: Any = None
+
+    @classmethod
+    def capture(cls) -> _TorchThreadState:
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is None or not accelerator.is_available():
+            return cls(torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        index = accelerator.current_device_index()
+        return cls(
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            index,
+            accelerator.current_stream(index),
+        )
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        if self.device_index is not None:
+            torch.accelerator.set_device_index(self.device_index)
+            torch.accelerator.set_stream(self.stream)
+        with torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+            return fn()
+
+
+def _build_vendor(
+    impl: OpImpl, model_runner: Any, backend_base: type, timeout: float
+) -> tuple[Any, str | None]:
+    """The vendor's backend, or why not.
+
+    The factory is plugin code: it runs in a worker that carries the engine thread's device,
+    stream and autograd modes (:class:`_TorchThreadState`), waited for at most ``timeout``
+    seconds (``SGLANG_FL_PLUGIN_TIMEOUT``); anything it raises, ``SystemExit`` and any other
+    ``BaseException`` included (only an interrupt still interrupts), is its failure.
+    """
+    state = _TorchThreadState.capture()
+
+    def build() -> tuple[Any, bool]:
+        backend = state.call(lambda: impl.fn(model_runner))
+        return backend, isinstance(backend, backend_base)  # plugin code: in the worker too
+
+    outcome = call_plugin_code(build, what=f"the factory of {impl.impl_id}", timeout=timeout)
+    if outcome.timed_out:
+        return None, (
+            f"its factory did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT); abandoned"
+        )
+    if outcome.error is not None:
+        return None, f"its factory raised {describe_exception(outcome.error)}"
+    assert outcome.value is not None
+    backend, is_backend = outcome.value
+    if not is_backend:
         return None, (
             f"its factory returned {safe_repr(backend)}, not an SGLang {backend_base.__name__}"
         )

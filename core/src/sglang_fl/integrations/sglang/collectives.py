@@ -24,21 +24,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ...communicators import CommunicatorOutcome, close_communicator, open_communicator
+from ...communicators import (
+    HOOK,
+    CloseOutcome,
+    CommunicatorOutcome,
+    DeclineCheck,
+    agree_on_collectives,
+    close_all,
+    close_communicator,
+    open_communicator,
+    plugin_of,
+)
+from ...dispatch.binder import FallbackChain
 from ...dispatch.types import BackendImplKind, OpImpl
-from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError
+from ...dispatch_report import CommunicatorState, DispatchReport, ReportEvent, Runner
+from ...errors import NoImplementationError, Unsupported
 from ...ops import STANDARD_OPS
 from ...ops.collectives import CollectiveGroup
 from ...runtime import Runtime
 from ...schema import impl_fields
-from . import tensor_dicts
+from . import compat, tensor_dicts
 from .compat import SglangApi
 
 __all__ = [
@@ -53,6 +65,12 @@ _log = logging.getLogger("sglang_fl.integrations.sglang")
 
 GROUP_CLASS = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 GROUP_INIT_TARGET = f"{GROUP_CLASS}.__init__"
+# SGLang's graceful end of a scheduler, and the offline engine's shutdown.
+ABORT_TARGET = "sglang.srt.distributed.parallel_state.abort_distributed_environment"
+ENGINE_SHUTDOWN_TARGET = "sglang.srt.entrypoints.engine.Engine.shutdown"
+# Beyond the communicators' own bound: how long schedulers get to leave their event loop
+# (SGLang's server waits 15 s after its ShutdownReq).
+SCHEDULER_EXIT_S = 15.0
 # Collective op -> the GroupCoordinator method it stands for (same name, same parameters
 # after ``self``; all_gather's ``output_tensor_list`` form stays SGLang's).
 METHODS: dict[str, str] = {
@@ -112,45 +130,52 @@ class CollectiveRouter:
         )
 
     def route(self, coordinator: Any) -> None:
-        """Resolve, set up communicators, bind: the same steps in the same order on every
-        rank of the group (the communicator set-up is itself a CPU-group collective)."""
+        """Agree, set up communicators, bind: the same steps in the same order on every rank
+        of the group (the agreement and the communicator set-up are CPU-group collectives)."""
         group = self.group_of(coordinator)
-        chosen: dict[str, OpImpl] = {}
-        for op in METHODS:
-            try:
-                chosen[op] = self.runtime.resolve(op).decision.chosen
-            except NoImplementationError as exc:
-                if self.runtime.config.strict:
-                    raise
-                self._emit_sglang(coordinator, group, op, f"{exc}; left to SGLang")
-        plugins = sorted({p for p in map(_vendor_plugin, chosen.values()) if p is not None})
+        agreed = agree_on_collectives(self.runtime, group, METHODS)
+        chosen = [c.chosen for c in agreed.values() if c.chosen is not None]
+        plugins = sorted({p for p in map(plugin_of, chosen) if p is not None})
         outcomes: dict[str, CommunicatorOutcome] = {
             plugin: open_communicator(self.runtime, plugin, group) for plugin in plugins
         }
-        routed: dict[str, tuple[OpImpl, dict[str, Any]]] = {}  # op -> what serves it
-        for op, impl in chosen.items():
-            plugin = _vendor_plugin(impl)
+        # A decline must be every rank's before the next candidate runs it; made by every
+        # rank together, and only where some chain has a next candidate.
+        check = None
+        if any(len(c.chain) > 1 for c in agreed.values()) and not self.runtime.config.strict:
+            check = DeclineCheck(group, self.runtime.config.plugin_timeout)
+        # op -> what serves it, and what it replaces and why (a fallback)
+        routed: dict[str, tuple[OpImpl, OpImpl | None, str | None]] = {}
+        for op, choice in agreed.items():
+            impl = choice.chosen
+            if impl is None:
+                self._emit_sglang(coordinator, group, op, choice.problem or "", choice.local)
+                continue
+            plugin = plugin_of(impl)
             outcome = outcomes.get(plugin) if plugin else None
             if outcome is not None and not outcome.ok:
                 reference = _reference_impl(self.runtime, op)
-                self._bind(coordinator, group, op, reference, reference.fn)
-                routed[op] = reference, {"fallback_from": impl, "reason": outcome.problem}
+                self._bind(coordinator, group, op, reference.fn)
+                routed[op] = reference, impl, outcome.problem
                 continue
             if impl.kind is BackendImplKind.REFERENCE and group.device.type != "cpu":
                 reason = (
                     "only the reference serves this collective here; SGLang's own method "
                     "(pynccl, custom all-reduce) is the faster path, kept"
                 )
-                self._emit_sglang(coordinator, group, op, reason)
+                self._emit_sglang(coordinator, group, op, reason, None)
                 continue
             bound_group = group
             if outcome is not None and outcome.communicator is not None:
                 bound_group = dataclasses.replace(group, communicator=outcome.communicator)
-            self._bind(coordinator, bound_group, op, impl, self.runtime.resolve(op).fn)
-            routed[op] = impl, {}
+            self._bind(coordinator, bound_group, op, self._chain(op, choice.chain, check).fn)
+            replaced = None if choice.problem is None else choice.local
+            routed[op] = impl, replaced, choice.problem
         also = self._bind_tensor_dicts(coordinator, group, routed)
-        for op, (impl, extra) in routed.items():
-            self._emit(group, op, impl, also_serves=also.get(op, []), **extra)
+        for op, (impl, replaced, why) in routed.items():
+            self._emit(
+                group, op, impl, also_serves=also.get(op, []), fallback_from=replaced, reason=why
+            )
         self._hook_destroy(coordinator, [o for o in outcomes.values() if o.ok])
 
     def _bind_tensor_dicts(
@@ -169,25 +194,79 @@ class CollectiveRouter:
         )
         return {op: [f"GroupCoordinator.{method}"] for method, op in TENSOR_DICTS.items()}
 
-    def _bind(
-        self, coordinator: Any, group: CollectiveGroup, op: str, impl: OpImpl, fn: Any
-    ) -> None:
+    def _chain(
+        self, op: str, chain: tuple[OpImpl, ...], check: DeclineCheck | None
+    ) -> FallbackChain:
+        """The agreed candidates bound: a decline is confirmed by every rank (``check``)
+        before the next candidate runs it, and reported once per reason."""
+        confirm = None
+        if check is not None and len(chain) > 1:
+
+            def confirm(index: int, exc: Unsupported) -> None:
+                check.confirm(op, chain[index].impl_id, index, exc)
+
+        return FallbackChain(
+            op,
+            chain,
+            strict=self.runtime.config.strict,
+            on_decline=self.report.report_decline,
+            before_next=confirm,
+        )
+
+    def _bind(self, coordinator: Any, group: CollectiveGroup, op: str, fn: Any) -> None:
         sglang = getattr(coordinator, METHODS[op])
         setattr(coordinator, METHODS[op], _bridge(op, fn, group, sglang))
 
     def _hook_destroy(self, coordinator: Any, outcomes: list[CommunicatorOutcome]) -> None:
         """Teardown: the communicators close when SGLang destroys the group, before its
-        process groups go."""
-        if not any(o.communicator is not None for o in outcomes):
+        process groups go (each ``close()`` bounded, reported)."""
+        opened = [o for o in outcomes if o.communicator is not None]
+        for outcome in opened:
+            self._emit_communicator(outcome.plugin, outcome.group, CommunicatorState.OPEN)
+        if not opened:
             return
         sglang_destroy = coordinator.destroy
 
         def destroy() -> None:
-            for outcome in outcomes:
-                close_communicator(outcome.plugin, outcome.group, outcome.communicator)
+            for outcome in opened:
+                self.report_close(
+                    close_communicator(outcome.plugin, outcome.group, outcome.communicator)
+                )
             sglang_destroy()
 
         coordinator.destroy = destroy
+
+    def close_all(self) -> None:
+        """Close every communicator still open here: SGLang's graceful shutdown of a scheduler
+        (before ``abort_distributed_environment`` takes its process groups away)."""
+        for closed in close_all():
+            self.report_close(closed)
+
+    def report_close(self, closed: CloseOutcome) -> None:
+        if closed.problem is not None:
+            state = CommunicatorState.CLOSE_FAILED
+        elif closed.closed:
+            state = CommunicatorState.CLOSED
+        else:
+            state = CommunicatorState.RELEASED
+        self._emit_communicator(closed.plugin, closed.group, state, closed.problem)
+
+    def _emit_communicator(
+        self,
+        plugin: str,
+        group: CollectiveGroup,
+        state: CommunicatorState,
+        problem: str | None = None,
+    ) -> None:
+        self.report.emit(
+            ReportEvent.COMMUNICATOR,
+            plugin=plugin,
+            group=group.name,
+            ranks=list(group.ranks),
+            rank_in_group=group.rank_in_group,
+            state=state,
+            problem=problem,
+        )
 
     # --- the report ---------------------------------------------------------------------
 
@@ -218,17 +297,20 @@ class CollectiveRouter:
             fields.update(fallback_from=fallback_from.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
 
-    def _emit_sglang(self, coordinator: Any, group: CollectiveGroup, op: str, reason: str) -> None:
+    def _emit_sglang(
+        self,
+        coordinator: Any,
+        group: CollectiveGroup,
+        op: str,
+        reason: str,
+        local: OpImpl | None,
+    ) -> None:
+        """SGLang's own method serves ``op``; ``local`` is what this rank would have run."""
         fields = self._base_fields(group, op)
         fields.update(runner=Runner.SGLANG, impl_id=None, reason=reason)
+        if local is not None:
+            fields.update(fallback_from=local.impl_id, fallback_reason=reason)
         self.report.emit(ReportEvent.COLLECTIVE, **fields)
-
-
-def _vendor_plugin(impl: OpImpl) -> str | None:
-    """The plugin whose communicator an implementation needs (``None``: the reference)."""
-    if impl.kind is BackendImplKind.REFERENCE or impl.provenance is None:
-        return None
-    return impl.provenance.plugin
 
 
 def _reference_impl(runtime: Runtime, op: str) -> OpImpl:
@@ -239,8 +321,46 @@ def _reference_impl(runtime: Runtime, op: str) -> OpImpl:
 
 
 def route_collectives(api: SglangApi, runtime: Runtime, report: DispatchReport) -> CollectiveRouter:
-    """Register the ``GroupCoordinator.__init__`` hook (from :func:`plugin.register`)."""
+    """Register the ``GroupCoordinator.__init__`` hook (from :func:`plugin.register`) and the
+    shutdown hooks that make communicators close on SGLang's graceful shutdown path."""
     router = CollectiveRouter(runtime, report)
-    after = type(api.hook_type_around).AFTER  # HookType is an Enum
-    api.hook_registry.register(GROUP_INIT_TARGET, router.after_init, after)
+    hook_type = type(api.hook_type_around)  # HookType is an Enum
+    api.hook_registry.register(GROUP_INIT_TARGET, router.after_init, hook_type.AFTER)
+    _hook_shutdown(api, runtime, router)
     return router
+
+
+def _hook_shutdown(api: SglangApi, runtime: Runtime, router: CollectiveRouter) -> None:
+    """Where SGLang ends a scheduler gracefully, close the communicators first.
+
+    SGLang 0.5.23's graceful path (a server's SIGTERM; a ``ShutdownReq``) ends each
+    scheduler's event loop and calls ``abort_distributed_environment()``: a ``BEFORE`` hook
+    there closes every communicator still open while the process groups still work.
+    ``Engine.shutdown()`` itself SIGKILLs the schedulers, so nothing of theirs runs: when a
+    loaded plugin can open communicators, an ``AROUND`` hook on it first asks the schedulers
+    to exit gracefully (SGLang's own ``ShutdownReq``, as its server does), waits for them a
+    bounded time, then lets SGLang's shutdown kill what is left. Without such a plugin,
+    SGLang's shutdown is untouched. Each hook is registered only where its target exists.
+    """
+    hook_type = type(api.hook_type_around)
+    if compat.find_attribute(ABORT_TARGET) is not None:
+
+        def close_first(*args: Any, **kwargs: Any) -> None:
+            router.close_all()
+            return None
+
+        api.hook_registry.register(ABORT_TARGET, close_first, hook_type.BEFORE)
+    hook = getattr(runtime.plugin_manager.hook, HOOK, None)
+    if hook is None or not hook.get_hookimpls():
+        return
+    if "sglang.srt.entrypoints.engine" not in sys.modules:  # not the engine's own process
+        return
+    if compat.find_attribute(ENGINE_SHUTDOWN_TARGET) is None:
+        return
+    timeout = runtime.config.plugin_timeout + SCHEDULER_EXIT_S
+
+    def graceful_first(original: Callable[..., Any], engine: Any, *args: Any, **kwargs: Any) -> Any:
+        compat.ask_schedulers_to_exit(engine, timeout)
+        return original(engine, *args, **kwargs)
+
+    api.hook_registry.register(ENGINE_SHUTDOWN_TARGET, graceful_first, hook_type.AROUND)

@@ -8,13 +8,26 @@ integration needs is looked up here once, and a missing piece is an
 from __future__ import annotations
 
 import importlib
+import logging
+import pkgutil
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ...errors import SglangFlError
 
-__all__ = ["RESOLVE_TARGET", "SglangApi", "SglangApiError", "find_sglang_api", "sglang_version"]
+__all__ = [
+    "RESOLVE_TARGET",
+    "SglangApi",
+    "SglangApiError",
+    "ask_schedulers_to_exit",
+    "find_attribute",
+    "find_sglang_api",
+    "sglang_version",
+]
+
+_log = logging.getLogger("sglang_fl.integrations.sglang")
 
 # The method every fused op calls once per instance to pick its forward (SGLang >= 0.5.2x).
 RESOLVE_TARGET = "sglang.kernels.fused_op.BaseFusedOp._resolve_forward_method"
@@ -105,3 +118,50 @@ def find_sglang_api() -> SglangApi:
                 raise _missing(f"{module_name}.{class_name} is not a BaseFusedOp", found)
             layers[cls] = op_name
     return SglangApi(found, base, registry, around, replace, layers)
+
+
+def find_attribute(path: str) -> Any:
+    """The object a dotted ``module.attr`` (or ``module.Class.attr``) path names, or ``None``
+    when this SGLang has no such thing (a hook point that moved)."""
+    try:
+        return pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def ask_schedulers_to_exit(engine: Any, timeout: float) -> None:
+    """SGLang's graceful scheduler shutdown, as its server does on SIGTERM, for an engine.
+
+    Sends SGLang's ``ShutdownReq`` (each scheduler leaves its event loop and releases what it
+    holds) and waits up to ``timeout`` seconds for the scheduler processes to exit; whatever is
+    left, and every other child, is then SGLang's own ``Engine.shutdown()``'s to kill. Does
+    nothing for an attached engine, an SGLang without these pieces, or an engine whose
+    schedulers do not honour the request: SGLang 0.5.23's pipeline-parallel and
+    data-parallel event loops never read it (``scheduler_pp_mixin.event_loop_pp``), so asking
+    would only delay their kill by ``timeout``.
+    """
+    args = getattr(engine, "server_args", None)
+    if getattr(args, "pp_size", 1) != 1 or getattr(args, "dp_size", 1) != 1:
+        return
+    manager = getattr(engine, "tokenizer_manager", None)
+    dispatch = getattr(manager, "_dispatch_to_scheduler", None)
+    request = find_attribute("sglang.srt.managers.io_struct.ShutdownReq")
+    schedulers = find_attribute(
+        "sglang.srt.utils.cudacore_pyspy_dump_utils.collect_scheduler_processes"
+    )
+    if getattr(engine, "_attached", False) or dispatch is None or None in (request, schedulers):
+        return
+    try:
+        dispatch(request())
+    except Exception as exc:  # the socket may be gone already: SGLang's shutdown still runs
+        _log.warning("sglang-fl: could not ask the schedulers to exit gracefully: %s", exc)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and schedulers():
+        time.sleep(0.1)
+    if schedulers():
+        _log.warning(
+            "sglang-fl: schedulers still running %.0f s after a graceful shutdown request; "
+            "SGLang's shutdown kills them (their communicators are not closed)",
+            timeout,
+        )

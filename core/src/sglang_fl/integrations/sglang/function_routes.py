@@ -4,8 +4,10 @@ Fused ops reach sglang-fl through the router's ``_resolve_forward_method`` hook;
 SGLang's model and backend code calls directly (``kernel_functions``, ``linear_attention``) are
 each replaced or wrapped by one hook in SGLang's ``HookRegistry`` instead. For each
 :class:`FunctionRoute`, :func:`route_functions` resolves the op once, binds its fallback chain
-(a decline is a ``function`` record naming who declined, why, and who served), registers the
-hook the route's adapter builds around it, and reports the outcome as one ``function`` record.
+(a decline is a ``function`` record naming who declined, why, and who served), puts the
+process's verifier around it (verify mode checks a function's first calls against the op's
+reference, labelled by the function's dotted path), registers the hook the route's adapter
+builds around it, and reports the outcome as one ``function`` record.
 A route is left to SGLang where no implementation survives (an error under
 ``SGLANG_FL_STRICT=1``), and where SGLang's Triton kernel runs here and only the reference
 implements the op.
@@ -25,6 +27,7 @@ from ...graph import graph_safe
 from ...ops.graph_spec import GRAPH_SPECS
 from ...runtime import Runtime
 from ...schema import impl_fields
+from ...verify import Verifier
 from .compat import SglangApi
 
 __all__ = ["FunctionRoute", "report_declines", "route_functions", "triton_driver_active"]
@@ -67,12 +70,16 @@ def route_functions(
     report: DispatchReport,
     routes: Sequence[FunctionRoute],
     hook_type: Any,
+    *,
+    verifier: Verifier | None = None,
 ) -> None:
     """Register a ``hook_type`` hook for each route whose op runs through sglang-fl.
 
     An op with a graph spec (a decode step's function) is bound reachable under
     ``torch.compile`` when ``SGLANG_FL_CUSTOM_OPS`` asks for it (:func:`~sglang_fl.graph.
     graph_safe`); the others (prefill-only functions) never run in a compiled step.
+    ``verifier`` (the router's, so that a process has one) checks the routed calls in verify
+    mode.
     """
     triton_runs = triton_driver_active()
     for route in routes:
@@ -97,9 +104,12 @@ def route_functions(
             )
             continue
         runtime.bound(route.op_name, chosen)
-        fn = resolution.bind(report_declines(report, route.target)).fn
+        chain = resolution.bind(report_declines(report, route.target))
+        fn = chain.fn
         if route.op_name in GRAPH_SPECS:
             fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
+        if verifier is not None:  # after graph_safe: it steps aside while dynamo traces
+            fn = verifier.wrap(fn, chosen, route.target, chain=chain)
         hook = route.adapt(fn)
         hook.__qualname__ = f"sglang_fl[{chosen.impl_id}]"
         hook.sglang_fl_impl_id = chosen.impl_id  # type: ignore[attr-defined]

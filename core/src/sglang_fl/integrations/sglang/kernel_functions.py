@@ -20,6 +20,7 @@ import torch
 
 from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
+from ...verify import Verifier
 from .compat import SglangApi
 from .function_routes import Forward, FunctionRoute, route_functions
 
@@ -63,6 +64,8 @@ FUNCTION_ROUTES: tuple[FunctionRoute, ...] = (
 )
 
 
-def route_kernel_functions(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+def route_kernel_functions(
+    api: SglangApi, runtime: Runtime, report: DispatchReport, verifier: Verifier | None = None
+) -> None:
     """Register a ``REPLACE`` hook for each function whose op should run through sglang-fl."""
-    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace)
+    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace, verifier=verifier)

@@ -29,6 +29,7 @@ import torch
 
 from ...dispatch_report import DispatchReport
 from ...runtime import Runtime
+from ...verify import Verifier
 from .compat import SglangApi
 from .function_routes import Forward, FunctionRoute, route_functions
 
@@ -429,7 +430,9 @@ def pageable_when_unpinnable(original: Callable[..., Any], *args: Any, **kwargs:
         torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
 
 
-def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchReport) -> None:
+def route_linear_attention(
+    api: SglangApi, runtime: Runtime, report: DispatchReport, verifier: Verifier | None = None
+) -> None:
     """Register an ``AROUND`` hook for each GDN function whose op runs through sglang-fl."""
     if runtime.platform() is None and not torch.accelerator.is_available():
         # sglang-fl's CPU platform serves: make SGLang's hybrid radix cache run there.
@@ -438,4 +441,4 @@ def route_linear_attention(api: SglangApi, runtime: Runtime, report: DispatchRep
         )
     # A decode step's functions are custom ops under torch.compile (SGLang's CPU graph runner
     # compiles the decode step); the prefill-only ones never run compiled.
-    route_functions(api, runtime, report, GDN_ROUTES, api.hook_type_around)
+    route_functions(api, runtime, report, GDN_ROUTES, api.hook_type_around, verifier=verifier)

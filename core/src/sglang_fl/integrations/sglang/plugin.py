@@ -51,8 +51,8 @@ def _start() -> Router:
     report = DispatchReport(runtime.config.dispatch_log)
     router = Router(api, runtime, report)
     api.hook_registry.register(RESOLVE_TARGET, router.resolve_forward, api.hook_type_around)
-    route_kernel_functions(api, runtime, report)
+    route_kernel_functions(api, runtime, report, router.verifier)
     attention_backend.install()
-    route_linear_attention(api, runtime, report)
+    route_linear_attention(api, runtime, report, router.verifier)
     route_collectives(api, runtime, report)
     return router

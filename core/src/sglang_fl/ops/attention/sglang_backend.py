@@ -29,19 +29,29 @@ class SglangAttentionBackendOffer:
     ``factory(model_runner)`` builds the backend for one SGLang ``ModelRunner`` (SGLang's own
     registry calls its backends' factories the same way) and must return an instance of
     ``sglang.srt.layers.attention.base_attn_backend.AttentionBackend``; import SGLang and the
-    chip SDK inside it, not at plugin import time. It runs in the engine's own thread (a
-    backend allocates on the worker's current device), so it is not time-bounded.
+    chip SDK inside it, not at plugin import time. It is plugin code, bounded like a hook: it
+    runs in a worker thread that carries the engine thread's accelerator device and stream and
+    its grad/inference modes (so it allocates where the engine would), waited for at most
+    ``SGLANG_FL_PLUGIN_TIMEOUT`` seconds (raise it for a factory that compiles kernels at
+    construction); one that does not return in time is abandoned, as an abandoned hook is.
 
     ``available`` is a no-argument probe (``bool`` or :class:`~sglang_fl.types.Availability`),
     asked at most once per process like an op's; a plain ``bool`` is a fixed answer.
     ``priority`` ranks this offer among other vendors' offers the order ranks equally
     (``None``: :attr:`~sglang_fl.types.BackendPriority.VENDOR`, as for a vendor's kernels).
 
+    The fields are checked as an ``OpImpl`` registration's are: ``factory`` callable,
+    ``priority`` ``None`` or an ``int`` (not a ``bool``, float or numeric string),
+    ``available`` ``None``, a ``bool`` or a callable; an offer that fails a check is not a
+    candidate, and ``sglang-fl explain sglang_attention_backend`` shows it rejected with the
+    reason (``SGLANG_FL_STRICT=1``: an error).
+
     The candidate's ``impl_id`` is ``vendor.<entry-point name>.attention_backend`` and its
     vendor the plugin's entry-point name, so ``SGLANG_FL_DENY_VENDORS`` and ``vendor:<name>``
-    reach it. If the factory raises or returns something else, the kernel-based backend serves
-    that model runner and the dispatch report says why (``SGLANG_FL_STRICT=1``: an error naming
-    the vendor).
+    reach it. If the factory raises (any exception, ``SystemExit`` included), does not return in
+    time or returns something else, the next candidate (down to the kernel-based backend)
+    serves that model runner and the dispatch report says why (``SGLANG_FL_STRICT=1``: an
+    error naming the vendor).
     """
 
     factory: Callable[[Any], Any]
