@@ -1,4 +1,15 @@
-"""SGLang's decode graph runner on sglang-fl's CPU platform, and what it compiled.
+"""SGLang's decode graph runner on the platforms sglang-fl provides: which one, and what it did.
+
+Which runner serves is a policy selection (:data:`~.backend_selection.GRAPH_RUNNER`): the
+platform's own runner (on sglang-fl's CPU platform, :class:`CpuGraphRunner` below) and one
+candidate per plugin whose ``sglang_fl_graph_runner`` hook offers one, chosen by ``prefer``,
+``per_op`` (key ``sglang_graph_runner``), the vendor lists and availability like an op's
+implementations. :func:`selected_graph_runner` is the class the platform names; SGLang builds
+it per model runner, which walks the decision's chain: a vendor offer whose graph mode the
+attention backend refuses, or whose factory raises, is reported (``fallback``) and the next
+candidate is built; under ``SGLANG_FL_STRICT=1`` that is an error naming the vendor. The
+factories run in the engine's own thread, not time-bounded: a runner captures every batch
+size as it is built. One ``graph_runner`` record per model runner says which served and why.
 
 An out-of-tree platform must name its graph runner (``get_graph_runner_cls()``; SGLang stops
 with "provides no CUDA graph runner" otherwise). On the CPU, ``--enable-torch-compile`` means
@@ -30,31 +41,21 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...dispatch_report import ReportEvent, Runner
-from ...errors import GraphModeRefused
+from ...dispatch.resolve import CandidateOutcome
+from ...dispatch_report import DispatchReport, ReportEvent, Runner
+from ...errors import GraphModeRefused, NoImplementationError, StrictModeError
 from ...graph import compiled_calls
 from ...graph_watch import CompileSummary, DynamoWatch, Owner, RecompileCheck
+from ...guard import describe_exception
 from ...ops.attention.plan import GraphMode
+from ...runtime import Runtime, get_runtime
+from ...schema import impl_fields
+from .backend_selection import GRAPH_RUNNER, cached_select, graph_problem
 from .router import get_router
 
-__all__ = ["cpu_graph_runner_class", "graph_problem"]
+__all__ = ["build_graph_runner", "cpu_graph_runner_class", "selected_graph_runner"]
 
 _log = logging.getLogger("sglang_fl.integrations.sglang")
-
-
-def graph_problem(attn_backend: Any, mode: GraphMode) -> str | None:
-    """Why ``attn_backend`` cannot serve a ``mode`` graph runner, or ``None``.
-
-    sglang-fl's attention backend answers for its kernels; a wrapper (SGLang's hybrid
-    linear-attention backend) for each backend it wraps; another backend is asked nothing here
-    (SGLang's own checks apply).
-    """
-    ask: Callable[[GraphMode], str | None] | None = getattr(attn_backend, "graph_problem", None)
-    if ask is not None:
-        return ask(mode)
-    wrapped = getattr(attn_backend, "attn_backend_list", None) or ()
-    problems = [p for p in (graph_problem(b, mode) for b in wrapped) if p is not None]
-    return "; ".join(problems) or None
 
 
 @contextlib.contextmanager
@@ -84,6 +85,101 @@ def _report(event: ReportEvent, **fields: Any) -> None:
     router = get_router()
     if router is not None:
         router.report.emit(event, **fields)
+
+
+Factory = Callable[..., Any]
+
+
+def selected_graph_runner(build_reference: Factory) -> type:
+    """The class a platform sglang-fl provides returns from ``get_graph_runner_cls()``: built
+    as SGLang builds a runner (``cls(model_runner, **options)``), it is the policy's choice
+    between ``build_reference`` (the platform's own runner) and the plugins' offers."""
+
+    class SelectedGraphRunner:
+        """SGLang's decode graph runner as the policy selects it (``graph_runner`` record)."""
+
+        def __new__(cls, model_runner: Any, **options: Any) -> Any:
+            router = get_router()
+            runtime = router.runtime if router is not None else get_runtime()
+            report = router.report if router is not None else None
+            return build_graph_runner(runtime, report, model_runner, build_reference, **options)
+
+    return SelectedGraphRunner
+
+
+def build_graph_runner(
+    runtime: Runtime,
+    report: DispatchReport | None,
+    model_runner: Any,
+    build_reference: Factory,
+    **options: Any,
+) -> Any:
+    """The runner of ``model_runner``: the chosen candidate, else the next that builds; one
+    ``graph_runner`` record in ``report`` says which and why."""
+    strict = runtime.config.strict
+    emit = report.emit if report is not None else _discard
+    reference = GRAPH_RUNNER.reference(build_reference)
+    try:
+        resolution = cached_select(runtime, build_reference, GRAPH_RUNNER)
+    except NoImplementationError as exc:
+        if strict:
+            raise
+        return _served(emit, reference, reference.fn(model_runner, **options), f"{exc}", [])
+    chain = list(resolution.chain)
+    if chain[-1].impl_id != reference.impl_id:  # strict trimmed it, or the policy denied it
+        chain.append(reference)
+    reason = next(
+        c.reason for c in resolution.decision.candidates if c.outcome is CandidateOutcome.CHOSEN
+    )
+    failed: list[str] = []
+    for index, impl in enumerate(chain):
+        if impl.impl_id == reference.impl_id:  # the platform's own: its errors are the engine's
+            return _served(emit, impl, impl.fn(model_runner, **options), reason, failed)
+        try:
+            runner = impl.fn(model_runner, **options)
+        except Exception as exc:
+            problem = describe_exception(exc)
+            message = f"vendor {impl.vendor!r}: graph runner {impl.impl_id}: {problem}"
+            if strict:
+                raise StrictModeError(
+                    f"SGLANG_FL_STRICT=1: {message}; without strict mode the next candidate "
+                    "would serve"
+                ) from exc
+            following = chain[index + 1]
+            _log.warning("sglang-fl: %s; %s serves", message, following.impl_id)
+            emit(
+                ReportEvent.FALLBACK,
+                op=GRAPH_RUNNER.name,
+                impl_id=impl.impl_id,
+                next_impl_id=following.impl_id,
+                reason=problem,
+                runner=Runner.SGLANG_FL,
+            )
+            failed.append(impl.impl_id)
+            reason = f"{impl.impl_id} failed to build ({problem}); next in the decision"
+            continue
+        return _served(emit, impl, runner, reason, failed)
+    raise AssertionError("the chain always ends with the platform's own runner")
+
+
+def _discard(event: ReportEvent, **fields: Any) -> None:
+    """No report (a runner built outside a process SGLang loaded the plugin in)."""
+
+
+def _served(
+    emit: Callable[..., Any], impl: Any, runner: Any, reason: str, failed: list[str]
+) -> Any:
+    cls = type(runner)
+    emit(
+        ReportEvent.GRAPH_RUNNER,
+        op=GRAPH_RUNNER.name,
+        runner=Runner.SGLANG_FL,
+        **impl_fields(impl),
+        graph_runner=f"{cls.__module__}.{cls.__qualname__}",
+        reason=reason,
+        failed=failed,
+    )
+    return runner
 
 
 _cls: type | None = None
