@@ -111,8 +111,10 @@ def run_collective_checks(
         job_file = root / "job.json"
         job_file.write_text(json.dumps(job))
         environment = {**os.environ, **dict(env or {})}
-        # The ranks see what this process sees (a test's plugin site on sys.path, too).
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # The ranks see what this process sees (a test's plugin site on sys.path, too), after
+        # what ``env`` puts on the path.
+        given = (env or {}).get("PYTHONPATH", "")
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (given, *sys.path) if p)
         ranks = []
         for rank in range(world_size):
             with (root / f"rank{rank}.log").open("wb") as log:
