@@ -10,7 +10,10 @@ On SGLang's real KV pools and ``RadixAttention`` layers, no engine:
 - CUDA graphs are refused before anything is captured, naming the reference attention (its
   per-request loop reads host lengths) and why;
 - sglang-fl's CPU graph runner refuses to start when the backend refuses, before capture, and
-  lets SGLang's fake registrations skip the ``sgl_kernel`` operators that do not exist here.
+  lets SGLang's fake registrations skip the ``sgl_kernel`` operators that do not exist here;
+- SGLang's residual stream (every decoder layer's) breaks a compiled graph with its
+  ``msgspec.Struct`` objects and compiles whole once they are rebound to plain classes
+  (``traceable.py``), which behave as the structs.
 """
 
 from __future__ import annotations
@@ -123,3 +126,75 @@ def test_sglangs_fake_registrations_skip_sgl_kernel_ops_that_do_not_exist(router
     with _existing_sgl_kernel_fakes():
         cpu_graph_runner.register_fake_ops(1)  # every missing operator skipped
     assert cpu_graph_runner.register_cpu_compile_fake.__name__ == "register_cpu_compile_fake"
+
+
+def _residual_step(x: torch.Tensor) -> torch.Tensor:
+    """SGLang's residual stream as a decoder layer drives it: record an output, read the
+    stage's input, write the residual (which releases the contribution)."""
+    from sglang.srt.layers.layer_boundary.residual.add_norm import PLAIN_ADD
+    from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream
+
+    stream = ResidualStream()
+    handle = stream.record(x * 2, PLAIN_ADD)
+    value, _ = stream.input(handle)
+    stream.write(value + 1)
+    residual: torch.Tensor = stream.residual
+    return residual
+
+
+def test_sglangs_residual_stream_compiles_fullgraph_once_its_structs_are_rebound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control first: SGLang's own ``msgspec.Struct`` breaks the graph; rebound to the
+    plain classes (restored after the test), the same SGLang code compiles whole."""
+    import importlib
+
+    from sglang_fl.integrations.sglang import traceable
+
+    x = torch.arange(4.0)
+    want = _residual_step(x)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"object\.__new__"):
+        torch.compile(_residual_step, fullgraph=True, backend="eager")(x)
+    for module_name, name, _fields in traceable.TRACEABLE_STRUCTS:
+        module = importlib.import_module(module_name)
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    rebound = [traceable._rebind(*entry) for entry in traceable.TRACEABLE_STRUCTS]
+    assert [r.rebound for r in rebound] == [True, True], rebound
+    torch._dynamo.reset()
+    got = torch.compile(_residual_step, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, want)
+
+
+def test_a_plain_class_behaves_as_the_struct() -> None:
+    from sglang.srt.layers.layer_boundary.exit import ExitDecision
+    from sglang.srt.layers.layer_boundary.residual.stream import Contribution
+
+    from sglang_fl.integrations.sglang.traceable import plain_class
+
+    plain = plain_class(Contribution)
+    for cls in (Contribution, plain):
+        made = cls(torch.ones(1), None)
+        assert made.owed is None
+        assert made.for_boundary() is made.value
+        assert made.complete() is made.value
+        made.release()
+        assert (made.value, made.update, made.owed) == (None, None, None)
+    assert plain.__name__ == "Contribution"
+    assert plain.__module__ == Contribution.__module__
+    decision_class = plain_class(ExitDecision)
+    decision = decision_class(False, True, complete=print)
+    assert decision == decision_class(False, True, print)
+    assert repr(decision) == repr(ExitDecision(False, True, print))
+    assert hash(decision) == hash(decision_class(False, True, print))
+
+
+def test_a_struct_unlike_the_expected_one_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_fl.integrations.sglang import traceable
+
+    entry = traceable.TRACEABLE_STRUCTS[0]
+    result = traceable._rebind(entry[0], entry[1], ("value", "other"))
+    assert not result.rebound
+    assert "not the expected" in result.reason
+    assert not traceable._rebind(entry[0], "Missing", ()).rebound
+    assert "not importable" in traceable._rebind("sglang.no_such_module", "X", ()).reason

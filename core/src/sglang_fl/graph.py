@@ -263,14 +263,28 @@ class GraphOp:
         return self.parameters.index(self.spec.second_output_into or "")
 
     def layer_values(self, obj: Any) -> tuple[Any, ...]:
-        """The declared attributes of the layer ``obj``, in schema order."""
-        return tuple(getattr(obj, name) for name in self.layer_names)
+        """The declared attributes of the layer ``obj``, in schema order (an optional one the
+        layer lacks: ``None``). A plain loop: dynamo resumes after a break in it, not in a
+        generator."""
+        values = []
+        for field in self.spec.layer_fields or ():
+            if field.optional:
+                values.append(getattr(obj, field.name, None))
+            else:
+                values.append(getattr(obj, field.name))
+        return tuple(values)
 
     def stand_in(self, values: Sequence[Any]) -> Any:
-        """A layer carrying ``values`` as its declared attributes (``None``: kernel function)."""
+        """A layer carrying ``values`` as its declared attributes, an optional one only when it
+        is not ``None`` (``None``: kernel function)."""
         if self.spec.layer_fields is None:
             return None
-        return SimpleNamespace(**dict(zip(self.layer_names, values, strict=True)))
+        attributes = {
+            field.name: value
+            for field, value in zip(self.spec.layer_fields, values, strict=True)
+            if value is not None or not field.optional
+        }
+        return SimpleNamespace(**attributes)
 
     def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
         """Every call argument after ``obj``, positionally, defaults filled in."""

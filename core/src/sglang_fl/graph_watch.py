@@ -59,7 +59,8 @@ def owner_of(filename: str) -> Owner:
 
 @dataclass(frozen=True)
 class GraphBreak:
-    """One graph break: where in user code, whose code, and dynamo's reason (first line)."""
+    """One graph break: where in user code, whose code, and dynamo's reason (its summary and
+    the line saying what it could not trace)."""
 
     location: str
     owner: Owner
@@ -105,7 +106,7 @@ class CompileSummary:
 
 
 _BREAK_AT = re.compile(r"in user code at (?P<location>\S+?):(?P<line>\d+)")
-_REASON = re.compile(r"Graph Break Reason: (?P<reason>.*)")
+_REASON = re.compile(r"Graph Break Reason: (?P<reason>.*)\n\s*(?P<cause>.*)")
 
 
 class _BreakLog(logging.Handler):
@@ -120,11 +121,15 @@ class _BreakLog(logging.Handler):
         at = _BREAK_AT.search(message)
         if at is None:
             return
-        reason = _REASON.search(message)
+        found = _REASON.search(message)
+        reason = ""
+        if found is not None:  # dynamo's summary, then what it could not trace
+            cause = found["cause"].strip()
+            reason = found["reason"].strip()
+            if cause and not cause.startswith("User code traceback"):
+                reason = f"{reason} {cause}"
         location = f"{at['location']}:{at['line']}"
-        self.breaks.append(
-            GraphBreak(location, owner_of(at["location"]), reason["reason"] if reason else "")
-        )
+        self.breaks.append(GraphBreak(location, owner_of(at["location"]), reason))
 
 
 _lock = threading.Lock()

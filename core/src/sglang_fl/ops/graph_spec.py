@@ -34,6 +34,7 @@ class FieldType(StrEnum):
     OPTIONAL_INT = "int?"
     OPTIONAL_INT_LIST = "int[]?"
     BOOL = "bool"
+    OPTIONAL_BOOL = "bool?"
     STR = "str"
     DTYPE = "ScalarType"
 
@@ -61,10 +62,21 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LayerField:
-    """One attribute of the layer (``obj.<name>``) that an implementation may read."""
+    """One attribute of the layer (``obj.<name>``) that an implementation may read.
+
+    ``optional``: SGLang's layers do not all have it (the contract reads it with a default,
+    ``getattr(obj, name, default)``). A layer without it, or with it ``None``, passes ``None``
+    (the type is an optional one) and the stand-in the implementation gets lacks it, so the
+    contract's default applies as in eager mode.
+    """
 
     name: str
     type: FieldType
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if self.optional and not self.type.endswith("?"):
+            raise ValueError(f"optional layer field {self.name!r} needs an optional type")
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,10 @@ class GraphSpec:
 
 def _fields(**types: FieldType) -> tuple[LayerField, ...]:
     return tuple(LayerField(name, field_type) for name, field_type in types.items())
+
+
+def _optional(**types: FieldType) -> tuple[LayerField, ...]:
+    return tuple(LayerField(name, field_type, optional=True) for name, field_type in types.items())
 
 
 def _fused_moe_fake(
@@ -243,14 +259,16 @@ GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
             fake=_sigmoid_update_fake,
             in_place_outputs={1: "initial_state_source"},
         ),
+        # SGLang's FusedRMSNormGated has no norm_before_gate or group_size, layernorm_gated's
+        # RMSNorm no hidden_size.
         "rms_norm_gated": GraphSpec(
-            _fields(
-                weight=F.TENSOR,
-                eps=F.FLOAT,
-                activation=F.STR,
-                norm_before_gate=F.BOOL,
-                group_size=F.OPTIONAL_INT,
-                hidden_size=F.INT,
+            (
+                *_fields(weight=F.TENSOR, eps=F.FLOAT, activation=F.STR),
+                *_optional(
+                    norm_before_gate=F.OPTIONAL_BOOL,
+                    group_size=F.OPTIONAL_INT,
+                    hidden_size=F.OPTIONAL_INT,
+                ),
             )
         ),
         "track_mamba_states": GraphSpec(

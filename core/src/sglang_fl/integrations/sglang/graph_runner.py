@@ -22,6 +22,10 @@ with what sglang-fl's platform needs:
   (``torch.library.register_fake`` then raises). While it runs, the registration skips the
   operators that do not exist, as SGLang's own ``register_fake_if_exists`` does
   (``utils/patch_torch.py``); the ones that exist are registered as before.
+- SGLang's residual stream builds two ``msgspec.Struct`` objects per layer and step, which
+  dynamo cannot construct (a graph break each, and a recompile per layer after them): they are
+  rebound to plain classes first (:mod:`.traceable`), reported on the ``graph_capture``
+  record (``sglang_traceable``).
 - Before anything is captured the attention backend is asked whether its kernels can run
   compiled (:data:`~sglang_fl.ops.attention.plan.GraphMode.COMPILED`); a refusal stops the
   start-up with the reason.
@@ -52,6 +56,7 @@ from ...runtime import Runtime, get_runtime
 from ...schema import impl_fields
 from .backend_selection import GRAPH_RUNNER, cached_select, graph_problem
 from .router import get_router
+from .traceable import make_traceable
 
 __all__ = ["build_graph_runner", "cpu_graph_runner_class", "selected_graph_runner"]
 
@@ -206,6 +211,7 @@ def _make_cpu_graph_runner() -> type:
                     f"sglang-fl refuses SGLang's CPU graph runner (--enable-torch-compile) "
                     f"before capture: {problem}; start without --enable-torch-compile"
                 )
+            rebound = make_traceable()
             watch = DynamoWatch()
             began = time.perf_counter()
             calls = compiled_calls()
@@ -240,6 +246,7 @@ def _make_cpu_graph_runner() -> type:
                 capture_bs=list(self.capture_bs),
                 seconds=round(time.perf_counter() - began, 3),
                 custom_ops=inside,
+                sglang_traceable=[r.to_json() for r in rebound],
                 **summary.to_json(),
             )
 
