@@ -15,6 +15,11 @@ torch_npu-npu_fused_infer_attention_score.md``, quoted), or, for ``_npu_reshape_
 (a private API without a reference page), the ATB ReshapeAndCache operation it runs and
 op-plugin's ATB glue; what neither documents (an empty batch) is refused, being at least as
 strict as the real operators.
+
+The attention computation runs as a ``torch.library`` custom op with a fake implementation, as
+``npu_fused_infer_attention_score`` is an operator (``torch.ops.npu``): its value-dependent work
+(the block ids of ``block_table``, the mask's values) happens inside the kernel, never in the
+caller's Python, so the conformance kit's host-read check sees what it would see on an NPU.
 """
 
 from __future__ import annotations
@@ -286,15 +291,10 @@ class AttentionOperators(SdkDouble):
             f"block_size {block_size}, {'one' if one_token else 'several'} query tokens",
         )
         lens_kv = actual_seq_lengths_kv
-        self.FIA_SEQ_KV.check(
+        self.FIA_SEQ_KV.check(  # the block ids: inside the kernel (_paged_attention)
             lens_kv is not None
             and len(lens_kv) == batch
-            and all(0 <= n <= block_table.shape[1] * block_size for n in lens_kv)
-            and all(
-                0 <= int(block) < key.shape[0]
-                for b, n in enumerate(lens_kv)
-                for block in block_table[b, : -(-n // block_size)].tolist()
-            ),
+            and all(0 <= n <= block_table.shape[1] * block_size for n in lens_kv),
             f"{lens_kv} over block_table {tuple(block_table.shape)}",
         )
         assert lens_kv is not None
@@ -311,29 +311,71 @@ class AttentionOperators(SdkDouble):
             starts = [0, *cums]
         else:
             starts = list(range(batch + 1))
-        if sparse_mode in (3, 4):
-            expected = ~torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool).tril()
+        masked = sparse_mode in (3, 4)
+        if masked:  # its values: inside the kernel (_paged_attention)
             self.FIA_MASK.check(
                 atten_mask is not None
                 and atten_mask.dtype == torch.bool
-                and tuple(atten_mask.shape) == (MASK_SIZE, MASK_SIZE)
-                and torch.equal(atten_mask.cpu(), expected),
+                and tuple(atten_mask.shape) == (MASK_SIZE, MASK_SIZE),
                 "no mask"
                 if atten_mask is None
                 else f"{atten_mask.dtype} {tuple(atten_mask.shape)}",
             )
-        rows = query.reshape(-1, num_heads, d)
-        out = torch.empty_like(rows)
-        for b, length in enumerate(lens_kv):
-            blocks = block_table[b, : -(-length // block_size)].long()
-            keys = key[blocks].reshape(-1, kv_heads, d)[:length]
-            values = value[blocks].reshape(-1, kv_heads, d)[:length]
-            span = slice(starts[b], starts[b + 1])
-            band = (pre_tokens, 0 if sparse_mode == 3 else next_tokens)
-            # One query token (the IncreFlashAttention branch): sparse_mode has no effect.
-            masked = bool(sparse_mode) and not one_token
-            out[span] = _attend(rows[span], keys, values, scale, band if masked else None)
+        # One query token (the IncreFlashAttention branch): sparse_mode has no effect.
+        band = (pre_tokens, 0 if sparse_mode == 3 else next_tokens)
+        out = torch.ops.sglang_fl_test.npu_paged_attention(
+            query.reshape(-1, num_heads, d), key, value, block_table, lens_kv, starts,
+            kv_heads, block_size, scale, band[0], band[1],
+            atten_mask if masked else None, bool(sparse_mode) and not one_token,
+        )  # fmt: skip
         return out.view(query.shape), query.new_zeros(1)
+
+
+@torch.library.custom_op("sglang_fl_test::npu_paged_attention", mutates_args=())
+def _paged_attention(
+    rows: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_table: torch.Tensor,
+    lens_kv: list[int],
+    starts: list[int],
+    kv_heads: int,
+    block_size: int,
+    scale: float,
+    pre_tokens: int,
+    next_tokens: int,
+    atten_mask: torch.Tensor | None,
+    banded: bool,
+) -> torch.Tensor:
+    """The kernel: reads the block ids (inside key/value) and the mask, attends per request."""
+    AttentionOperators.FIA_SEQ_KV.check(
+        all(
+            0 <= int(block) < key.shape[0]
+            for b, n in enumerate(lens_kv)
+            for block in block_table[b, : -(-n // block_size)].tolist()
+        ),
+        f"block ids {block_table.tolist()} for {key.shape[0]} blocks",
+    )
+    if atten_mask is not None:
+        expected = ~torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool).tril()
+        AttentionOperators.FIA_MASK.check(
+            torch.equal(atten_mask.cpu(), expected), "a mask of other values"
+        )
+    d = rows.shape[-1]
+    out = torch.empty_like(rows)
+    for b, length in enumerate(lens_kv):
+        blocks = block_table[b, : -(-length // block_size)].long()
+        keys = key[blocks].reshape(-1, kv_heads, d)[:length]
+        values = value[blocks].reshape(-1, kv_heads, d)[:length]
+        span = slice(starts[b], starts[b + 1])
+        band = (pre_tokens, next_tokens) if banded else None
+        out[span] = _attend(rows[span], keys, values, scale, band)
+    return out
+
+
+@_paged_attention.register_fake
+def _(rows: torch.Tensor, *rest: object) -> torch.Tensor:
+    return torch.empty_like(rows)
 
 
 def _attend(

@@ -14,6 +14,13 @@
   window, ``next_tokens`` = 0) for a sliding window, ``sparse_mode=0`` without a mask for a
   non-causal layer.
 
+Both attention calls take the forward's plan (core's default planner): ``block_table`` is its
+page table, and the operator's host-side lengths (``actual_seq_lengths``,
+``actual_seq_lengths_kv``) come from its host lengths, read once per forward, so no layer
+reads a device value on the host. The operator takes those lengths as Python lists, which a
+recorded NPU graph would replay unchanged: the adapters declare no device-graph mode (the
+default planner's answer); ``torch.compile`` runs them.
+
 Declined with ``Unsupported`` before any call, each citing the torch_npu API reference page of
 ``torch_npu.npu_fused_infer_attention_score`` (op-plugin ``docs/zh/custom_APIs/torch_npu/``):
 float32 (float16/bfloat16 only), soft-capping (the operator has no cap), a window in decode
@@ -27,13 +34,13 @@ from __future__ import annotations
 
 import functools
 from enum import IntEnum
+from itertools import accumulate
 from typing import Any
 
 import torch
 
 from sglang_fl.ops.attention import NO_WINDOW
-from sglang_fl.ops.attention.paging import cumulative_lengths, page_table
-from sglang_fl.types import Unsupported
+from sglang_fl.types import AttentionPlan, Unsupported
 
 from ..backend import TORCH_NPU
 
@@ -138,16 +145,10 @@ def _blocks(cache: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 def decode_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """One query per request: ``BSH`` query ``[batch, 1, heads * dim]`` over the paged pool."""
+    page_size = plan.page_size
     _check(obj, q, k_cache, v_cache, page_size)
     if obj.sliding_window_size > NO_WINDOW:
         raise Unsupported(f"{_FIA}: pre_tokens has no effect with one query token ('Q_S=1时无效')")
@@ -166,9 +167,9 @@ def decode_attention(
         num_heads=heads,
         num_key_value_heads=k_cache.shape[1],
         input_layout="BSH",
-        block_table=page_table(req_to_token, req_pool_indices, seq_lens, page_size),
+        block_table=plan.page_table,
         block_size=page_size,
-        actual_seq_lengths_kv=seq_lens.tolist(),
+        actual_seq_lengths_kv=plan.seq_lens_host.tolist(),
         scale=obj.scaling,
     )
     result: torch.Tensor = out.view(batch, heads, d)
@@ -176,28 +177,21 @@ def decode_attention(
 
 
 def extend_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """The new tokens as a ``TND`` query over the paged pool, right-down causal (or banded)."""
+    page_size = plan.page_size
     _check(obj, q, k_cache, v_cache, page_size)
     if page_size < PREFILL_BLOCK or page_size % PREFILL_BLOCK:
         raise Unsupported(
             f"{_FIA}: with more than one query token block_size is 128..512 in multiples of "
             f"128, got page size {page_size}"
         )
-    if seq_lens.shape[0] > MAX_TND_BATCH:
+    if plan.batch_size > MAX_TND_BATCH:
         raise Unsupported(f"{_FIA}: TND takes at most {MAX_TND_BATCH} requests")
+    assert plan.extend_seq_lens_host is not None  # an extend plan
     tokens, heads, d = q.shape
-    if tokens == 0 or seq_lens.shape[0] == 0:
+    if tokens == 0 or plan.batch_size == 0:
         return q.new_empty((tokens, heads, d))
     options: dict[str, Any] = {"sparse_mode": SparseMode.DEFAULT}
     if obj.is_causal:
@@ -216,10 +210,10 @@ def extend_attention(
         num_heads=heads,
         num_key_value_heads=k_cache.shape[1],
         input_layout="TND",
-        block_table=page_table(req_to_token, req_pool_indices, seq_lens, page_size),
+        block_table=plan.page_table,
         block_size=page_size,
-        actual_seq_lengths=cumulative_lengths(extend_seq_lens, leading_zero=False).tolist(),
-        actual_seq_lengths_kv=seq_lens.tolist(),
+        actual_seq_lengths=list(accumulate(plan.extend_seq_lens_host.tolist())),
+        actual_seq_lengths_kv=plan.seq_lens_host.tolist(),
         scale=obj.scaling,
         **options,
     )
