@@ -3,14 +3,15 @@
 Usually run by ``nox -s bench``, which builds both environments it needs: this interpreter's
 (SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
 start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
-``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``, ``linear_attention``;
-repeatable) runs some parts only: the per-call and start-up parts write ``latest.*``, the
-end-to-end part ``e2e.*``, the others ``<part>.*`` (the attention part: the real model with
-``--attention-backend sglang_fl`` vs ``torch_native``, plus ``attention.py``'s bookkeeping;
-``collectives.py`` and ``linear_attention.py`` run as subprocesses, their output kept); with
-``--update-docs`` each also rewrites its marked section of the documentation's page,
-``docs/benchmarks.md`` (the plot is copied next to it, to ``docs/assets/``, since the site
-holds only what lies under ``docs/``).
+``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``,
+``linear_attention``, ``graphs``; repeatable) runs some parts only: the per-call and start-up
+parts write ``latest.*``, the end-to-end part ``e2e.*``, the others ``<part>.*`` (the attention
+part: the real model with ``--attention-backend sglang_fl`` vs ``torch_native``, plus
+``attention.py``'s bookkeeping; ``collectives.py``, ``linear_attention.py`` and ``graphs.py``
+(decode compiled by SGLang's CPU graph runner vs eager, through sglang-fl, and SGLang's own)
+run as subprocesses, their output kept); with ``--update-docs`` each also rewrites its marked
+section of the documentation's page, ``docs/benchmarks.md`` (the plot is copied next to it, to
+``docs/assets/``, since the site holds only what lies under ``docs/``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ import startup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention")
+PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention", "graphs")
 # Parts that are a script of their own, run as a subprocess (their internals are theirs):
 # part -> (script, its arguments, its --quick arguments).
 SCRIPT_PARTS = {
     "collectives": ("collectives.py", ["--reps", "30"], ["--reps", "10"]),
     "linear_attention": ("linear_attention.py", [], ["--quick"]),
+    "graphs": ("graphs.py", [], ["--quick"]),
 }
-SCRIPT_TIMEOUT_S = 3600
+SCRIPT_TIMEOUT_S = 7200  # the graphs part compiles a decode step per batch size first
 DOC_ATTENTION = ("<!-- bench-attention:start -->", "<!-- bench-attention:end -->")
 DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PLOT = ROOT / "docs" / "assets" / "startup.png"

@@ -35,12 +35,17 @@ class Backend(abc.ABC):
         *,
         impl_id: str | None = None,
         priority: int = BackendPriority.VENDOR,
+        planner: Any = None,
     ) -> list[OpImpl]:
         """One vendor :class:`OpImpl` per ``op name -> function``, probed by :meth:`is_available`.
 
         The functions are registered as they are (no wrapper), so the bound callable SGLang
-        calls is the kernel adapter itself.
+        calls is the kernel adapter itself. ``planner`` (an
+        :class:`~sglang_fl.ops.attention.plan.AttentionPlanner`) plans for the planned ops among
+        them (the attention ops); the others take none.
         """
+        from ...ops import STANDARD_OPS
+
         return [
             OpImpl(
                 op_name=op_name,
@@ -50,9 +55,15 @@ class Backend(abc.ABC):
                 vendor=self.name,
                 priority=priority,
                 available=self.is_available,
+                planner=planner if _planned(STANDARD_OPS, op_name) else None,
             )
             for op_name, fn in functions.items()
         ]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _planned(ops: Mapping[str, Any], op_name: str) -> bool:
+    contract = ops.get(op_name)
+    return contract is not None and contract.plan_stage is not None
