@@ -29,10 +29,11 @@ from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.ops.attention import attention_layer
+from sglang_fl.ops.attention import NO_WINDOW, attention_layer
 from sglang_fl.ops.attention.cases import Option
 from sglang_fl.ops.attention.common import build_pool
-from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, check_case
+from sglang_fl.ops.attention.plan import ForwardKind, PlanCapacity
+from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, check_case, check_plan
 from sglang_fl.testing.doubles import Call, install_double
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
@@ -133,6 +134,14 @@ def test_the_adapters_take_the_default_plan_and_claim_no_device_graphs() -> None
         assert type(planner) is DefaultPlanner
         assert planner.graph_problem(GraphMode.COMPILED) is None
         assert planner.graph_problem(GraphMode.CAPTURED)
+
+
+@pytest.mark.parametrize(("op", "case"), SUITE.plan_cases())
+def test_plan(torch_npu: TorchNpuDouble, op: str, case: OpCase) -> None:
+    """The default planner's plan (the adapters bring none) and, as it claims torch.compile,
+    its graph-mode plan updated in place for the next batch."""
+    outcome = check_plan(IMPLS[op], case)
+    assert outcome.status == PASSED, outcome.message
 
 
 def served_case(op: str, operator: str) -> OpCase:
@@ -460,6 +469,45 @@ def test_off_atlas_a2_a3_paged_attention_leaves_decode_to_fia(
     torch_npu = install_double(monkeypatch, TorchNpuDouble(soc_version=200), TORCH_NPU)
     decode(attention_layer(scaling=0.2), 16)
     assert torch_npu.called == ["npu_fused_infer_attention_score"]
+
+
+@pytest.mark.parametrize("window", [NO_WINDOW, 8], ids=["paged", "fia-window"])
+def test_decode_reads_a_compiled_step_s_plan_updated_in_place(
+    torch_npu: TorchNpuDouble, window: int
+) -> None:
+    """A compiled step's plan: buffers for a larger batch and a longer context, updated in place
+    for one batch and then this one (the kit's graph-mode check runs its contract's first
+    dtype, float32, which both operators decline): the operators read views of the buffers
+    and give this batch's result; a window's mask spans the wider table."""
+    q, k_cache, v_cache, req_to_token, rows, lens = pool((5, 40), page_size=16)
+    planner = IMPLS["decode_attention"].planner
+    capacity = PlanCapacity(
+        kind=ForwardKind.DECODE,
+        max_batch=4,
+        max_tokens=4,
+        max_context=2 * req_to_token.shape[1],
+        page_size=16,
+        device=q.device,
+    )
+    buffers = planner.allocate(capacity)
+    for batch in (
+        AttentionBatch.decode(req_to_token, rows.flip(0), lens.flip(0), 16),
+        AttentionBatch.decode(req_to_token, rows, lens, 16),
+    ):
+        plan = planner.update(buffers, batch)
+        planner.record(plan, batch)
+    layer = attention_layer(scaling=0.2, sliding_window_size=window)
+    out = decode_attention(layer, q, k_cache, v_cache, plan)
+    reference = STANDARD_OPS["decode_attention"].reference
+    eager = decode_plan(req_to_token, rows, lens, 16)
+    torch.testing.assert_close(out, reference(layer, q, k_cache, v_cache, eager), **BF16)
+    ((name, _, kw),) = torch_npu.calls
+    paged = window == NO_WINDOW
+    assert name == ("_npu_paged_attention" if paged else "npu_fused_infer_attention_score")
+    assert kw["block_table"].data_ptr() == buffers.page_table.data_ptr()
+    assert kw["block_table"].shape == (2, capacity.max_pages)
+    if not paged:
+        assert kw["atten_mask"].shape == (2, capacity.max_pages * 16)
 
 
 # -- store ----------------------------------------------------------------------------------------
