@@ -56,18 +56,22 @@ class Worker:
         extra_env: dict[str, str],
         log: Path,
         attention_backend: str | None = None,
+        server_args: dict[str, Any] | None = None,
+        start_timeout_s: float = WORKER_START_TIMEOUT_S,
     ):
         env = clean_env(**extra_env, SGLANG_FL_DISPATCH_LOG=str(log))
         self.name, self.log = name, log
-        backend = [attention_backend] if attention_backend else []
+        extra = [attention_backend or ""] if attention_backend or server_args else []
+        if server_args:
+            extra.append(json.dumps(server_args))
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "e2e_worker.py"), str(model), dtype, *backend],
+            [sys.executable, str(HERE / "e2e_worker.py"), str(model), dtype, *extra],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.pid = self._read(WORKER_START_TIMEOUT_S)["pid"]
+        self.pid = self._read(start_timeout_s)["pid"]
 
     def _read(self, timeout_s: float) -> dict[str, Any]:
         """The worker's next JSON line; the worker is killed if it takes longer than allowed."""

@@ -1,12 +1,14 @@
 """One SGLang engine on the real model, timed batch by batch on request (run by ``e2e.py``).
 
-``python e2e_worker.py MODEL_DIR DTYPE [ATTENTION_BACKEND]`` starts ``sglang.Engine`` on the
-CPU (with that ``attention_backend``, if given) and this process's environment
-(``SGLANG_FORCE_FUSED_OP_BACKEND``, ``SGLANG_FL_DISPATCH_LOG``), prints
-``{"ready": true, "pid": ...}``, then answers one JSON line per request read from stdin:
-``{"input_ids": [[...], ...], "max_new_tokens": N}`` -> ``{"seconds": ..., "completion_tokens":
-...}``, until stdin closes. Two workers (routed and forward_native) stay up side by side so
-that their batches can alternate in one run.
+``python e2e_worker.py MODEL_DIR DTYPE [ATTENTION_BACKEND] [SERVER_ARGS_JSON]`` starts
+``sglang.Engine`` (with that ``attention_backend``, if given, and the server arguments of the
+JSON object, e.g. ``{"enable_torch_compile": true}`` or ``{"device": "cuda"}``; on the CPU by
+default) and this process's environment (``SGLANG_FORCE_FUSED_OP_BACKEND``,
+``SGLANG_FL_DISPATCH_LOG``), prints ``{"ready": true, "pid": ...}``, then answers one JSON
+line per request read from stdin: ``{"input_ids": [[...], ...], "max_new_tokens": N}`` ->
+``{"seconds": ..., "completion_tokens": ..., "prompt_tokens": ..., "output_ids": [[...],
+...]}``, until stdin closes. Workers stay up side by side so that their batches can alternate
+in one run.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sglan
 def main(argv: list[str]) -> int:
     from engine_run import start_engine
 
-    model_dir, dtype, *backend = argv
-    attention = {"attention_backend": backend[0]} if backend else {}
+    model_dir, dtype, *rest = argv
+    server_args = json.loads(rest[1]) if len(rest) > 1 else {}
+    if rest and rest[0]:
+        server_args["attention_backend"] = rest[0]
     # The radix cache would let later repetitions skip prefill that earlier ones paid for;
     # an idle engine sleeps instead of polling, so it does not slow down the one being timed.
     engine = start_engine(
-        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **attention
+        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **server_args
     )
     try:
         print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
@@ -44,7 +48,12 @@ def main(argv: list[str]) -> int:
             seconds = time.perf_counter() - began
             tokens = sum(out["meta_info"]["completion_tokens"] for out in outputs)
             prompt = sum(out["meta_info"]["prompt_tokens"] for out in outputs)
-            answer = {"seconds": seconds, "completion_tokens": tokens, "prompt_tokens": prompt}
+            answer = {
+                "seconds": seconds,
+                "completion_tokens": tokens,
+                "prompt_tokens": prompt,
+                "output_ids": [out["output_ids"] for out in outputs],
+            }
             print(json.dumps(answer), flush=True)
     finally:
         engine.shutdown()

@@ -4,12 +4,13 @@ Usually run by ``nox -s bench``, which builds both environments it needs: this i
 (SGLang, the sglang-fl wheels, the real model's needs, matplotlib) and a small one for the
 start-up measurements (torch, the sglang-fl wheels), passed as ``--startup-python``.
 ``--only e2e`` (or ``calls``, ``startup``, ``attention``, ``collectives``,
-``linear_attention``, ``quantization``; repeatable) runs some parts only: the per-call and
-start-up parts write ``latest.*``, the end-to-end part ``e2e.*``, the others ``<part>.*``
-(the attention part: the real model with ``--attention-backend sglang_fl`` vs
+``linear_attention``, ``quantization``, ``graphs``; repeatable) runs some parts only: the
+per-call and start-up parts write ``latest.*``, the end-to-end part ``e2e.*``, the others
+``<part>.*`` (the attention part: the real model with ``--attention-backend sglang_fl`` vs
 ``torch_native``, plus ``attention.py``'s bookkeeping; ``collectives.py``,
-``linear_attention.py`` and ``quantization.py`` run as subprocesses, their output kept); with
-``--update-docs`` each also rewrites its marked section of the documentation's page,
+``linear_attention.py``, ``quantization.py`` and ``graphs.py`` (decode compiled by SGLang's CPU
+graph runner vs eager, through sglang-fl, and SGLang's own) run as subprocesses, their output
+kept); with ``--update-docs`` each also rewrites its marked section of the documentation's page,
 ``docs/benchmarks.md`` (the plot is copied next to it, to ``docs/assets/``, since the site
 holds only what lies under ``docs/``).
 """
@@ -34,15 +35,25 @@ import startup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("calls", "startup", "e2e", "attention", "collectives", "linear_attention", "quantization")
+PARTS = (
+    "calls",
+    "startup",
+    "e2e",
+    "attention",
+    "collectives",
+    "linear_attention",
+    "quantization",
+    "graphs",
+)
 # Parts that are a script of their own, run as a subprocess (their internals are theirs):
 # part -> (script, its arguments, its --quick arguments).
 SCRIPT_PARTS = {
     "collectives": ("collectives.py", ["--reps", "30"], ["--reps", "10"]),
     "linear_attention": ("linear_attention.py", [], ["--quick"]),
     "quantization": ("quantization.py", [], ["--quick"]),
+    "graphs": ("graphs.py", [], ["--quick"]),
 }
-SCRIPT_TIMEOUT_S = 3600
+SCRIPT_TIMEOUT_S = 7200  # the graphs part compiles a decode step per batch size first
 DOC_ATTENTION = ("<!-- bench-attention:start -->", "<!-- bench-attention:end -->")
 DOC = ROOT / "docs" / "benchmarks.md"
 DOC_PLOT = ROOT / "docs" / "assets" / "startup.png"

@@ -195,7 +195,8 @@ def test_the_cli_lists_and_explains_the_selection(acme, capsys):
     listed = json.loads(capsys.readouterr().out)
     assert SGLANG_ATTENTION_BACKEND not in {o["op"] for o in listed["ops"]}
     assert [(s["op"], s["chosen"]) for s in listed["selections"]] == [
-        (SGLANG_ATTENTION_BACKEND, VENDOR_ID)
+        (SGLANG_ATTENTION_BACKEND, VENDOR_ID),
+        ("sglang_graph_runner", "reference.sglang_graph_runner"),
     ]
 
 

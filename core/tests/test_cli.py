@@ -177,10 +177,15 @@ def test_ops_json(capsys, plugin_site, only):
     assert data["schema_version"] == 1
     # The ops; the selections apart (their candidates are not registered kernels).
     assert [op["op"] for op in data["ops"]] == list(OPS)
-    assert [s["op"] for s in data["selections"]] == ["sglang_attention_backend"]
-    (backend,) = data["selections"]
+    assert [s["op"] for s in data["selections"]] == [
+        "sglang_attention_backend",
+        "sglang_graph_runner",
+    ]
+    backend, runner = data["selections"]
     assert backend["chosen"] == "reference.sglang_fl_attention"
     assert backend["signature"] == "factory(model_runner) -> sglang AttentionBackend"
+    assert runner["chosen"] == "reference.sglang_graph_runner"
+    assert runner["signature"] == "factory(model_runner) -> sglang decode graph runner"
     for op in data["ops"]:
         assert op["error"] is None
         assert op["chosen"] == f"reference.{op['op']}"

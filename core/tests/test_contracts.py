@@ -86,16 +86,8 @@ def test_standard_ops_are_the_design_set():
             "fused_gate_sigmoid_mul(obj, hidden_states, gate_weight, shared_output, addend=None)",
         ),
         ("store_kv_cache", "store_kv_cache(obj, k_cache, v_cache, loc, k, v)"),
-        (
-            "decode_attention",
-            "decode_attention(obj, q, k_cache, v_cache, req_to_token, req_pool_indices, "
-            "seq_lens, page_size=1)",
-        ),
-        (
-            "extend_attention",
-            "extend_attention(obj, q, k_cache, v_cache, req_to_token, req_pool_indices, "
-            "seq_lens, extend_prefix_lens, extend_seq_lens, page_size=1)",
-        ),
+        ("decode_attention", "decode_attention(obj, q, k_cache, v_cache, plan)"),
+        ("extend_attention", "extend_attention(obj, q, k_cache, v_cache, plan)"),
     ],
 )
 def test_signature_text_is_the_design_signature(op, text):

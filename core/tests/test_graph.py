@@ -65,13 +65,14 @@ def test_graph_spec_declares_exactly_the_layer_attributes_of_the_contract(op_nam
     """Every attribute a contract stand-in carries is declared, with a type its values fit."""
     contract, spec = STANDARD_OPS[op_name], GRAPH_SPECS[op_name]
     declared = {field.name: field.type for field in spec.layer_fields or ()}
+    required = {field.name for field in spec.layer_fields or () if not field.optional}
     for case in contract.cases:
         obj = _inputs(contract, case).obj
         if spec.layer_fields is None:
             assert obj is None, f"{case.name}: a kernel function's obj is None"
             continue
         attributes = vars(obj)
-        assert set(attributes) == set(declared), case.name
+        assert required <= set(attributes) <= set(declared), case.name
         for name, value in attributes.items():
             assert declared[name].accepts(value), f"{case.name}: {name}={value!r}"
 
@@ -287,3 +288,35 @@ def test_a_wrapped_kernel_is_called_directly_in_eager_mode() -> None:
     wrapped = graph.graph_safe("gelu_quick", CallableKernel(kernel), "test.eager")
     assert torch.equal(wrapped(None, torch.zeros(2)), torch.ones(2))
     assert calls == [False]
+
+
+class FusedNormGated(torch.nn.Module):
+    """SGLang's ``FusedRMSNormGated``'s attributes: no ``norm_before_gate``, ``group_size``."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.hidden_size, self.eps, self.activation = hidden, 1e-6, "silu"
+        self.weight = torch.nn.Parameter(torch.rand(hidden, generator=torch.Generator()))
+
+
+def test_a_layer_without_an_optional_attribute_compiles_fullgraph_with_the_default() -> None:
+    """A missing optional attribute crosses as ``None`` and the stand-in lacks it: the
+    contract's default applies, as in eager mode, without a graph break."""
+    torch._dynamo.reset()
+    layer = FusedNormGated(16)
+    generator = torch.Generator().manual_seed(3)
+    x, gate = torch.randn(4, 16, generator=generator), torch.randn(4, 16, generator=generator)
+    seen: list[dict[str, Any]] = []
+
+    def kernel(obj: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        seen.append(dict(vars(obj)) if not torch.compiler.is_compiling() else {})
+        return STANDARD_OPS["rms_norm_gated"].reference(obj, x, gate)
+
+    routed = graph.graph_safe("rms_norm_gated", kernel, "test.gated")
+    recorder = GraphRecorder()
+    compiled = torch.compile(lambda a, b: routed(layer, a, b), fullgraph=True, backend=recorder)
+    with torch.no_grad():  # as SGLang runs its layers
+        want, got = routed(layer, x, gate), compiled(x, gate)
+    assert "sglang_fl.rms_norm_gated.default" in recorder.targets
+    assert torch.equal(want, got)
+    assert set(seen[-1]) == {"weight", "eps", "activation", "hidden_size"}

@@ -97,7 +97,7 @@ def test_bad_offer_fields_are_refused_by_name_and_the_good_offer_kept(bad_offers
         ), rejected
         assert named in rejected["reason"], rejected
     listed = cli_json(capsys, "ops")
-    (selection,) = listed["selections"]
+    (selection,) = [s for s in listed["selections"] if s["op"] == SGLANG_ATTENTION_BACKEND]
     assert selection["chosen"] == "vendor.zgood.attention_backend"
 
 

@@ -301,8 +301,8 @@ def sglang_fl_register_ops(registry):
     assert record.status == "failed"
     assert "unknown hook(s) sglang_fl_register_op" in record.error
     assert (
-        "known hooks: sglang_fl_attention_backend, sglang_fl_communicator, sglang_fl_platform, "
-        "sglang_fl_register_ops" in record.error
+        "known hooks: sglang_fl_attention_backend, sglang_fl_communicator, "
+        "sglang_fl_graph_runner, sglang_fl_platform, sglang_fl_register_ops" in record.error
     )
     assert impl_ids(runtime, "silu_and_mul") == ["reference.silu_and_mul"]
     assert runtime.plugin_manager.get_plugin("unknown") is None

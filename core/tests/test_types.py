@@ -13,24 +13,31 @@ import sglang_fl.dispatch.registry
 import sglang_fl.dispatch.types
 import sglang_fl.errors
 import sglang_fl.hookspecs
+import sglang_fl.ops.attention.plan
 import sglang_fl.ops.attention.sglang_backend
 import sglang_fl.ops.collectives.group
+import sglang_fl.ops.graph_runner
 from sglang_fl import types
 
 DEFINED_IN = {
+    "AttentionBatch": sglang_fl.ops.attention.plan,
+    "AttentionPlan": sglang_fl.ops.attention.plan,
     "Availability": sglang_fl.dispatch.types,
     "Backend": sglang_fl.dispatch.backends,
     "BackendImplKind": sglang_fl.dispatch.types,
     "BackendPriority": sglang_fl.dispatch.types,
     "ChipSdk": sglang_fl.dispatch.probes,
     "CollectiveGroup": sglang_fl.ops.collectives.group,
+    "DefaultPlanner": sglang_fl.ops.attention.plan,
     "DtypeSet": sglang_fl.collective_library,
+    "GraphMode": sglang_fl.ops.attention.plan,
     "OpImpl": sglang_fl.dispatch.types,
     "OpRegistry": sglang_fl.dispatch.registry,
     "PreparedKernel": sglang_fl.dispatch.types,
     "ProcessGroupLibrary": sglang_fl.collective_library,
     "Provenance": sglang_fl.dispatch.types,
     "SglangAttentionBackendOffer": sglang_fl.ops.attention.sglang_backend,
+    "SglangGraphRunnerOffer": sglang_fl.ops.graph_runner,
     "UnevenCalls": sglang_fl.collective_library,
     "Unsupported": sglang_fl.errors,
     "hookimpl": sglang_fl.hookspecs,

@@ -255,7 +255,7 @@ def test_unknown_hook_is_bad_input(site: Path) -> None:
     assert result.stderr.splitlines()[-1] == (  # after the warning about brokenchip
         "sglang-fl: error: unknown hook 'sglang_fl_platfrom' (did you mean "
         "'sglang_fl_platform'?); known hooks: sglang_fl_attention_backend, sglang_fl_communicator, "
-        "sglang_fl_platform, "
+        "sglang_fl_graph_runner, sglang_fl_platform, "
         "sglang_fl_register_ops, sglang_fl_teardown"
     )
 

@@ -18,8 +18,12 @@ Fast tier (``nox -s sglang``), the tiny Llama:
   factory calls ``sys.exit`` (a fallback: the whole backend is built next).
 - :data:`LLAMA_SKEWED`: verify mode with a vendor whose ``rms_norm`` is subtly wrong.
 
-Matrix tier (``nox -s sglang_matrix``): the other architectures, several ranks, the real model,
-the quantized checkpoints (one engine per checkpoint format, ``test_quantization_engine.py``).
+- :data:`LLAMA_COMPILED`: SGLang's CPU graph runner (``--enable-torch-compile``) through
+  sglang-fl: the decode step compiled for batches of 1 and 2.
+
+Matrix tier (``nox -s sglang_matrix``): the other architectures, several ranks, the real model
+(and the compiled decode of Qwen3, Qwen3-Next and the real model in bfloat16), the
+quantized checkpoints (one engine per checkpoint format, ``test_quantization_engine.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,15 @@ LLAMA_SKEWED = EngineSpec.of(
     sites=("skewed",),
     env={"SGLANG_FL_VERIFY": str(VERIFY_CALLS)},
 )
+
+# SGLang's CPU graph runner: one compiled decode step per batch size (1 and 2), each compiled at
+# start-up; a batch of three decodes eagerly in the same engine.
+COMPILED = {
+    "attention_backend": "sglang_fl",
+    "enable_torch_compile": True,
+    "torch_compile_max_bs": 2,
+}
+LLAMA_COMPILED = EngineSpec.of("llama", label="llama-compiled", **COMPILED)
 
 # --- matrix tier ---------------------------------------------------------------------------
 
@@ -117,6 +130,11 @@ QWEN3_NEXT_BF16 = EngineSpec.of(
     "qwen3_next", label="qwen3-next-bf16", dtype="bfloat16", chunked_prefill_size=GDN_CHUNK
 )
 SMOLLM2_BF16 = EngineSpec.of("smollm2", label="smollm2-bf16", dtype="bfloat16")
+QWEN3_COMPILED = EngineSpec.of("qwen3", label="qwen3-compiled", **COMPILED)
+QWEN3_NEXT_COMPILED = EngineSpec.of("qwen3_next", label="qwen3-next-compiled", **COMPILED)
+SMOLLM2_BF16_COMPILED = EngineSpec.of(
+    "smollm2", label="smollm2-bf16-compiled", dtype="bfloat16", **COMPILED
+)
 # SGLang's forward_native paths for the fused ops; attention stays on the platform's default
 # (sglang_fl), as in SMOLLM2_BF16, so the two compare the fused ops alone.
 SMOLLM2_BF16_SGLANG = EngineSpec.of(

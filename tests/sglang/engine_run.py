@@ -21,13 +21,16 @@ MAX_TOTAL_TOKENS = 4096
 DTYPES = ("float32", "bfloat16")
 
 
-def start_engine(model_dir: str, dtype: str = "float32", **server_args: Any) -> Any:
-    """An ``sglang.Engine`` on the CPU with a small KV cache and quiet logs."""
+def start_engine(
+    model_dir: str, dtype: str = "float32", device: str = "cpu", **server_args: Any
+) -> Any:
+    """An ``sglang.Engine`` (on the CPU unless ``device`` says otherwise) with a small KV cache
+    and quiet logs."""
     import sglang
 
     return sglang.Engine(
         model_path=model_dir,
-        device="cpu",
+        device=device,
         max_total_tokens=MAX_TOTAL_TOKENS,
         # SGLang's "auto" runs float32 checkpoints in float16; compare like with like.
         dtype=dtype,

@@ -49,7 +49,8 @@ def _window(obj):
 def test_decode_reference_equals_torch_native(case, dtype):
     inputs = _make("decode_attention", case, dtype)
     obj = inputs.obj
-    q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, _page = inputs.args
+    q, k_cache, v_cache, _plan = inputs.args
+    batch = inputs.batch
     got = STANDARD_OPS["decode_attention"].reference(obj, *inputs.args)
     want = q.new_empty(got.shape)
     _torch_native()._run_sdpa_forward_decode(
@@ -57,9 +58,9 @@ def test_decode_reference_equals_torch_native(case, dtype):
         want,
         k_cache,
         v_cache,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
+        batch.req_to_token,
+        batch.req_pool_indices,
+        batch.seq_lens,
         scaling=obj.scaling,
         enable_gqa=q.shape[1] != k_cache.shape[1],
         causal=False,
@@ -72,7 +73,8 @@ def test_decode_reference_equals_torch_native(case, dtype):
 def test_extend_reference_equals_torch_native(case, dtype):
     inputs = _make("extend_attention", case, dtype)
     obj = inputs.obj
-    q, k_cache, v_cache, req_to_token, rows, seq_lens, prefix, extend, _page = inputs.args
+    q, k_cache, v_cache, _plan = inputs.args
+    batch = inputs.batch
     got = STANDARD_OPS["extend_attention"].reference(obj, *inputs.args)
     want = q.new_empty(got.shape)
     if q.shape[0]:
@@ -81,11 +83,11 @@ def test_extend_reference_equals_torch_native(case, dtype):
             want,
             k_cache,
             v_cache,
-            req_to_token,
-            rows,
-            seq_lens,
-            prefix,
-            extend,
+            batch.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_prefix_lens,
+            batch.extend_seq_lens,
             scaling=obj.scaling,
             enable_gqa=q.shape[1] != k_cache.shape[1],
             causal=obj.is_causal,

@@ -13,6 +13,7 @@ from .errors import (
     CollectiveDivergenceError,
     ConfigError,
     ContractViolationError,
+    GraphModeRefused,
     NoImplementationError,
     PluginLoadError,
     RegistrationError,
@@ -37,12 +38,16 @@ from .types import __getattr__ as __getattr__  # OpRegistry, CollectiveGroup, ..
 if TYPE_CHECKING:
     from .collective_library import DtypeSet, ProcessGroupLibrary, UnevenCalls
     from .dispatch.registry import OpRegistry
+    from .ops.attention.plan import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
+    from .ops.graph_runner import SglangGraphRunnerOffer
     from .runtime import Runtime
 
 
 __all__ = [
+    "AttentionBatch",
+    "AttentionPlan",
     "Availability",
     "Backend",
     "BackendImplKind",
@@ -52,7 +57,10 @@ __all__ = [
     "CollectiveGroup",
     "ConfigError",
     "ContractViolationError",
+    "DefaultPlanner",
     "DtypeSet",
+    "GraphMode",
+    "GraphModeRefused",
     "NoImplementationError",
     "OpImpl",
     "OpRegistry",
@@ -63,6 +71,7 @@ __all__ = [
     "RegistrationError",
     "SglangAttentionBackendOffer",
     "SglangFlError",
+    "SglangGraphRunnerOffer",
     "StrictModeError",
     "UnevenCalls",
     "UnknownOpError",

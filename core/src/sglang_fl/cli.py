@@ -32,11 +32,12 @@ from .hook_report import (
     hooks_report,
     implementation_flags,
 )
-from .integrations.sglang.backend_selection import select as select_attention_backend
+from .integrations.sglang.backend_selection import select, selection_named
 from .integrations.vllm.compat import vllm_version
 from .loader import ENTRY_POINT_GROUP, PluginStatus
 from .ops import SELECTIONS, STANDARD_OPS, get_contract
 from .ops.attention import SGLANG_ATTENTION_BACKEND
+from .ops.graph_runner import SGLANG_GRAPH_RUNNER
 from .runtime import Runtime
 from .schema import (
     SCHEMA_VERSION,
@@ -65,17 +66,22 @@ _SELECTION_SIGNATURE = {
     SGLANG_ATTENTION_BACKEND: (
         "factory(model_runner) -> sglang AttentionBackend",
         "--attention-backend sglang_fl",
-    )
+    ),
+    SGLANG_GRAPH_RUNNER: (
+        "factory(model_runner) -> sglang decode graph runner",
+        "get_graph_runner_cls() of a platform sglang-fl provides",
+    ),
 }
 
 
-def _never_built(model_runner: Any) -> Any:
-    raise AssertionError("the CLI only inspects the selection; it builds no backend")
+def _never_built(model_runner: Any, **options: Any) -> Any:
+    raise AssertionError("the CLI only inspects the selection; it builds nothing")
 
 
 def _decide(runtime: Runtime, op_name: str) -> Resolution:
-    if op_name == SGLANG_ATTENTION_BACKEND:
-        return select_attention_backend(runtime, _never_built)
+    selection = selection_named(op_name)
+    if selection is not None:
+        return select(runtime, _never_built, selection)
     return runtime.resolve(op_name)
 
 

@@ -57,6 +57,10 @@ class ReportEvent(StrEnum):
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
     COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)
     ATTENTION_BACKEND = "attention_backend"  # which SGLang attention backend serves (per runner)
+    GRAPH_RUNNER = "graph_runner"  # which decode graph runner serves (per model runner), and why
+    GRAPH_STATE = "graph_state"  # the attention backend's plans allocated for a graph mode
+    GRAPH_CAPTURE = "graph_capture"  # what compiling the decode step did: graphs, breaks, whose
+    GRAPH_REPLAY = "graph_replay"  # a captured step was compiled again at replay (once per reason)
     COMMUNICATOR = "communicator"  # a vendor communicator of one group was opened or closed
 
 

@@ -59,6 +59,11 @@ class StrictModeError(SglangFlError):
     """``SGLANG_FL_STRICT=1`` turned a fallback into an error."""
 
 
+class GraphModeRefused(SglangFlError, RuntimeError):
+    """A graph runner was refused before it captured anything: something on the decode path
+    cannot run in its graph mode (the message says what and why)."""
+
+
 class ContractViolationError(SglangFlError):
     """A plugin's code returned what its contract forbids (an output of the wrong shape): the
     message names the implementation and what was expected."""

@@ -14,12 +14,19 @@ the implementation with a stand-in carrying just those attributes. Which impleme
 is the first argument, a key naming the implementation the substitution stands for; keys are
 given out once per implementation object and process.
 
+A planned op's plan (:mod:`sglang_fl.ops.attention.plan`) crosses the boundary as three
+arguments: its type's name, its tensor fields (``Tensor?[]``) and its plain values
+(``Scalar[]``, constants of the compiled graph: a change recompiles); the custom op rebuilds the
+plan from them (:func:`plan_layout`).
+
 Engine-agnostic: the SGLang integration wraps at its binding seam; other engines can call
 :func:`graph_safe` the same way.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -43,9 +50,12 @@ __all__ = [
     "NAMESPACE",
     "GraphOp",
     "OutputForm",
+    "PlanLayout",
+    "compiled_calls",
     "custom_ops_supported",
     "graph_op",
     "graph_safe",
+    "plan_layout",
     "register_impl",
 ]
 
@@ -61,31 +71,123 @@ _ARGUMENT_TYPES: Mapping[str, str] = {
     "bool": "bool",
     "int": "int",
     "float": "float",
+    "float | None": "float?",
     "str": "str",
+    "str | bool | None": "str?",
 }
+# A ``str | bool | None`` argument (a convolution's activation: a name, or SGLang's
+# True/False) crosses as ``str?``: a bool as one of these strings, read back inside the op.
+_BOOL_AS_STR: Mapping[bool, str] = {True: "<sglang_fl:True>", False: "<sglang_fl:False>"}
+_STR_AS_BOOL: Mapping[str, bool] = {text: flag for flag, text in _BOOL_AS_STR.items()}
 
 
 class OutputForm(StrEnum):
     """What an op returns, read from its contract's return annotation."""
 
     TENSOR = "tensor"
-    PAIR = "pair"
+    TUPLE = "tuple"  # a fixed number of tensors
     # One tensor alone, or a pair when an optional argument is given (rms_norm's residual).
     TENSOR_OR_PAIR = "tensor-or-pair"
 
 
-_OUTPUT_FORMS: Mapping[str, OutputForm] = {
-    "torch.Tensor": OutputForm.TENSOR,
-    "tuple[torch.Tensor, torch.Tensor]": OutputForm.PAIR,
-    "torch.Tensor | tuple[torch.Tensor, torch.Tensor]": OutputForm.TENSOR_OR_PAIR,
+# The annotation of a planned op's plan parameter (see ``sglang_fl.ops.attention.plan``).
+PLAN_ANNOTATION = "AttentionPlan"
+# A plan's field annotations -> whether the field is a tensor (else a plain value).
+_PLAN_FIELD_TYPES: Mapping[str, bool] = {
+    "torch.Tensor": True,
+    "torch.Tensor | None": True,
+    "int": False,
+    "float": False,
+    "bool": False,
 }
-# The custom op's returns per form: fixed, since functionalization of an op that writes its
-# arguments does not support a ``Tensor[]`` return. A TENSOR_OR_PAIR op writes its second
-# output into the argument its GraphSpec names and returns the first.
-_RETURNS: Mapping[OutputForm, str] = {
-    OutputForm.TENSOR: "Tensor",
-    OutputForm.PAIR: "(Tensor, Tensor)",
-    OutputForm.TENSOR_OR_PAIR: "Tensor",
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """How plans of one type cross a custom op: which fields are tensors, which plain values."""
+
+    name: str
+    cls: type
+    tensor_fields: tuple[str, ...]
+    value_fields: tuple[str, ...]
+
+    def rebuild(self, tensors: Sequence[Any], values: Sequence[Any]) -> Any:
+        """The plan whose fields are ``tensors`` and ``values``, in this layout's order."""
+        fields = dict(zip(self.tensor_fields, tensors, strict=True))
+        fields.update(zip(self.value_fields, values, strict=True))
+        return self.cls(**fields)
+
+
+_plan_layouts: dict[type, PlanLayout] = {}
+_plan_layouts_by_name: dict[str, PlanLayout] = {}
+
+
+def plan_layout(cls: type) -> PlanLayout:
+    """The layout of plan type ``cls`` (a dataclass whose fields are annotated tensors or
+    ``int``/``float``/``bool``), made once per type; a ``TypeError`` names a field that is
+    neither, for plans that cannot cross into a compiled graph."""
+    layout = _plan_layouts.get(cls)
+    if layout is not None:
+        return layout
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"plan type {qualified(cls)} is not a dataclass")
+    tensors: list[str] = []
+    values: list[str] = []
+    for spec in dataclasses.fields(cls):
+        annotation = spec.type if isinstance(spec.type, str) else getattr(spec.type, "__name__", "")
+        is_tensor = _PLAN_FIELD_TYPES.get(annotation)
+        if is_tensor is None or not spec.init:
+            raise TypeError(
+                f"plan type {qualified(cls)}: field {spec.name!r} ({annotation!r}) is neither a "
+                f"tensor nor a plain int/float/bool init field, so its plans cannot cross "
+                f"into a compiled graph; allowed annotations: {', '.join(_PLAN_FIELD_TYPES)}"
+            )
+        (tensors if is_tensor else values).append(spec.name)
+    with _lock:
+        layout = _plan_layouts.get(cls)
+        if layout is None:
+            name = qualified(cls)
+            if name in _plan_layouts_by_name:  # two classes of one name: keep both apart
+                name = f"{name}#{len(_plan_layouts)}"
+            layout = PlanLayout(name, cls, tuple(tensors), tuple(values))
+            _plan_layouts[cls] = layout
+            _plan_layouts_by_name[name] = layout
+        return layout
+
+
+def qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@torch.compiler.assume_constant_result
+def _plan_fields(cls: type) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """What dynamo reads of a plan's layout while it traces: constants (the plan's type is
+    guarded anyway, by the attribute reads of its fields)."""
+    layout = plan_layout(cls)
+    return layout.name, layout.tensor_fields, layout.value_fields
+
+
+def _split_plan(plan: Any) -> tuple[str, list[Any], list[Any]]:
+    name, tensor_fields, value_fields = _plan_fields(type(plan))
+    return (
+        name,
+        [getattr(plan, field) for field in tensor_fields],
+        [getattr(plan, field) for field in value_fields],
+    )
+
+
+def _tuple_annotation(count: int) -> str:
+    return f"tuple[{', '.join(['torch.Tensor'] * count)}]"
+
+
+# Return annotation -> (form, number of outputs). The custom op's returns are fixed, since
+# functionalization of an op that writes its arguments does not support a ``Tensor[]``
+# return: its fresh outputs (those the GraphSpec does not name as arguments written in place);
+# a TENSOR_OR_PAIR op writes its second output into the argument its GraphSpec names.
+_OUTPUT_FORMS: Mapping[str, tuple[OutputForm, int]] = {
+    "torch.Tensor": (OutputForm.TENSOR, 1),
+    **{_tuple_annotation(n): (OutputForm.TUPLE, n) for n in (2, 3, 4)},
+    "torch.Tensor | tuple[torch.Tensor, torch.Tensor]": (OutputForm.TENSOR_OR_PAIR, 1),
 }
 
 
@@ -108,9 +210,14 @@ class GraphOp:
     contract: OpContract
     spec: GraphSpec
     form: OutputForm
+    outputs: int  # how many the op returns (TENSOR_OR_PAIR: counted as one)
     # The call parameters after ``obj``, and their defaults (``inspect.Parameter.empty``: none).
     parameters: tuple[str, ...]
     defaults: tuple[Any, ...]
+    # A planned op's plan parameter (the last one): three custom-op arguments (see the module).
+    plan: str | None = None
+    # Positions of the ``str | bool | None`` call arguments (a bool crosses as a string).
+    bool_or_str: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -133,13 +240,22 @@ class GraphOp:
         ]
         aliases = itertools.count()
         for name in self.parameters:
+            if name == self.plan:
+                entries += [
+                    f"str {name}_type",
+                    f"Tensor?[] {name}_tensors",
+                    f"Scalar[] {name}_values",
+                ]
+                continue
             annotation = self.contract.signature.parameters[name].annotation
             schema_type = _ARGUMENT_TYPES[annotation]
             if name in self.spec.mutates:
                 optional = schema_type.endswith("?")
                 schema_type = f"Tensor(a{next(aliases)}!)" + ("?" if optional else "")
             entries.append(f"{schema_type} {name}")
-        return f"({', '.join(entries)}) -> {_RETURNS[self.form]}"
+        fresh = self.outputs - len(self.spec.in_place_outputs)
+        returns = "Tensor" if fresh == 1 else f"({', '.join(['Tensor'] * fresh)})"
+        return f"({', '.join(entries)}) -> {returns}"
 
     @property
     def second_output_index(self) -> int:
@@ -147,14 +263,28 @@ class GraphOp:
         return self.parameters.index(self.spec.second_output_into or "")
 
     def layer_values(self, obj: Any) -> tuple[Any, ...]:
-        """The declared attributes of the layer ``obj``, in schema order."""
-        return tuple(getattr(obj, name) for name in self.layer_names)
+        """The declared attributes of the layer ``obj``, in schema order (an optional one the
+        layer lacks: ``None``). A plain loop: dynamo resumes after a break in it, not in a
+        generator."""
+        values = []
+        for field in self.spec.layer_fields or ():
+            if field.optional:
+                values.append(getattr(obj, field.name, None))
+            else:
+                values.append(getattr(obj, field.name))
+        return tuple(values)
 
     def stand_in(self, values: Sequence[Any]) -> Any:
-        """A layer carrying ``values`` as its declared attributes (``None``: kernel function)."""
+        """A layer carrying ``values`` as its declared attributes, an optional one only when it
+        is not ``None`` (``None``: kernel function)."""
         if self.spec.layer_fields is None:
             return None
-        return SimpleNamespace(**dict(zip(self.layer_names, values, strict=True)))
+        attributes = {
+            field.name: value
+            for field, value in zip(self.spec.layer_fields, values, strict=True)
+            if value is not None or not field.optional
+        }
+        return SimpleNamespace(**attributes)
 
     def arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
         """Every call argument after ``obj``, positionally, defaults filled in."""
@@ -183,21 +313,50 @@ class GraphOp:
         self, key: str, obj: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> tuple[Any, ...]:
         """The custom op's arguments for the call ``fn(obj, *args, **kwargs)``."""
-        return (key, *self.layer_values(obj), *self.arguments(args, kwargs))
+        return (key, *self.layer_values(obj), *self.op_arguments(self.arguments(args, kwargs)))
+
+    def op_arguments(self, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The call ``arguments`` as the custom op takes them: a plan split in three, a bool
+        of a ``str | bool | None`` argument as a string."""
+        if self.bool_or_str:
+            arguments = tuple(
+                _BOOL_AS_STR[value] if i in self.bool_or_str and isinstance(value, bool) else value
+                for i, value in enumerate(arguments)
+            )
+        if self.plan is None:
+            return arguments
+        *rest, plan = arguments
+        return (*rest, *_split_plan(plan))
 
     def pack(self, outputs: Any, arguments: tuple[Any, ...]) -> Any:
-        """The custom op's outputs as the op returns them, given the call ``arguments``."""
-        if self.form is OutputForm.PAIR:
-            return tuple(outputs)
+        """The custom op's outputs as the op returns them, given the call ``arguments``:
+        the arguments written in place where the op returns them."""
         if self.form is OutputForm.TENSOR_OR_PAIR:
             second = arguments[self.second_output_index]
             return outputs if second is None else (outputs, second)
-        return outputs
+        if self.form is OutputForm.TENSOR:
+            return outputs
+        in_place = self.spec.in_place_outputs
+        fresh = iter(_as_tuple(outputs, self.outputs - len(in_place)))
+        return tuple(
+            arguments[self.parameters.index(in_place[i])] if i in in_place else next(fresh)
+            for i in range(self.outputs)
+        )
 
     def unflatten(self, values: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
         """``(stand-in layer, call arguments)`` from the custom op's arguments after ``impl``."""
         count = len(self.layer_names)
-        return self.stand_in(values[:count]), tuple(values[count:])
+        arguments = tuple(values[count:])
+        if self.bool_or_str:
+            arguments = tuple(
+                _STR_AS_BOOL.get(value, value) if i in self.bool_or_str else value
+                for i, value in enumerate(arguments)
+            )
+        if self.plan is not None:
+            *rest, name, tensors, plan_values = arguments
+            layout = _plan_layouts_by_name[name]
+            arguments = (*rest, layout.rebuild(tensors, plan_values))
+        return self.stand_in(values[:count]), arguments
 
     def fresh_outputs(self, result: Any, values: Sequence[Any]) -> Any:
         """``result`` of ``fn`` as the custom op returns it; ``values``: its arguments.
@@ -206,8 +365,19 @@ class GraphOp:
         a tensor it wrote in place (``x``, ``query``) has it copied, which only happens while
         compiled code runs. A TENSOR_OR_PAIR op's second output lands in its argument.
         """
-        if self.form is OutputForm.PAIR:
-            return tuple(_fresh(out, values) for out in result)
+        if self.form is OutputForm.TUPLE:
+            fresh = []
+            for index, out in enumerate(result):
+                name = self.spec.in_place_outputs.get(index)
+                if name is None:
+                    fresh.append(_fresh(out, values))
+                    continue
+                target = values[len(self.layer_names) + self.parameters.index(name)]
+                if out is not target:
+                    target.copy_(out)
+            if not fresh:
+                return None
+            return fresh[0] if len(fresh) == 1 else tuple(fresh)
         if self.form is OutputForm.TENSOR_OR_PAIR and not isinstance(result, torch.Tensor):
             out, second = result
             out = _fresh(out, values)
@@ -216,6 +386,13 @@ class GraphOp:
                 target.copy_(second)
             return out
         return _fresh(result, values)
+
+
+def _as_tuple(outputs: Any, count: int) -> tuple[Any, ...]:
+    """A custom op's fresh outputs as a tuple (one is returned bare, none as ``None``)."""
+    if count == 0:
+        return ()
+    return (outputs,) if count == 1 else tuple(outputs)
 
 
 def _fresh(output: torch.Tensor, values: Sequence[Any]) -> torch.Tensor:
@@ -246,17 +423,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 _graph_ops: dict[str, GraphOp] = {}
+# Calls of each custom op: eager calls never go through one (dynamo alone is told to trace
+# it), so these are the calls compiled code made.
+_calls: collections.Counter[str] = collections.Counter()
 _impls: dict[str, Callable[..., Any]] = {}  # key -> implementation (kept alive: keys stay valid)
 _keys: dict[int, str] = {}  # id(implementation) -> key
 
 
 def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
     annotation = contract.signature.return_annotation
-    form = _OUTPUT_FORMS.get(annotation)
-    if form is None:
+    described = _OUTPUT_FORMS.get(annotation)
+    if described is None:
         raise TypeError(
             f"{contract.name}: return annotation {annotation!r} has no custom-op output form; "
             f"known: {', '.join(_OUTPUT_FORMS)}"
+        )
+    form, outputs = described
+    unknown = set(spec.in_place_outputs.values()) - set(spec.mutates)
+    if unknown or (spec.in_place_outputs and form is not OutputForm.TUPLE):
+        raise TypeError(
+            f"{contract.name}: outputs written in place must be arguments the spec marks as "
+            f"written ({sorted(unknown)} are not), of an op returning a tuple"
         )
     if (form is OutputForm.TENSOR_OR_PAIR) != (spec.second_output_into is not None):
         raise TypeError(
@@ -264,7 +451,17 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
             "second_output_into (the argument the second output is written into), and only it"
         )
     parameters = tuple(contract.parameter_names[1:])  # after obj
+    plan = None
+    if contract.plan_stage is not None:
+        plan = parameters[-1]
+        if contract.signature.parameters[plan].annotation != PLAN_ANNOTATION:
+            raise TypeError(
+                f"{contract.name}: a planned op's last parameter takes the plan, annotated "
+                f"{PLAN_ANNOTATION!r}"
+            )
     for name in parameters:
+        if name == plan:
+            continue
         annotation = contract.signature.parameters[name].annotation
         if annotation not in _ARGUMENT_TYPES:
             raise TypeError(
@@ -272,13 +469,21 @@ def _describe(contract: OpContract, spec: GraphSpec) -> GraphOp:
                 f"type; known: {', '.join(_ARGUMENT_TYPES)}"
             )
     defaults = tuple(contract.signature.parameters[name].default for name in parameters)
-    return GraphOp(contract, spec, form, parameters, defaults)
+    bool_or_str = tuple(
+        i
+        for i, name in enumerate(parameters)
+        if contract.signature.parameters[name].annotation == "str | bool | None"
+    )
+    return GraphOp(contract, spec, form, outputs, parameters, defaults, plan, bool_or_str)
 
 
 def _define(graph: GraphOp) -> None:
     """Define ``sglang_fl::<op>`` with its implementation and fake implementation."""
 
+    name = graph.name
+
     def run(key: str, *values: Any) -> Any:
+        _calls[name] += 1
         obj, args = graph.unflatten(values)
         return graph.fresh_outputs(_impls[key](obj, *args), values)
 
@@ -317,6 +522,11 @@ def graph_op(op_name: str) -> GraphOp:
         return graph
 
 
+def compiled_calls() -> dict[str, int]:
+    """How many times compiled code has called each ``sglang_fl::<op>`` in this process."""
+    return dict(_calls)
+
+
 def register_impl(op_name: str, impl_id: str, fn: Callable[..., Any]) -> str:
     """The key under which ``sglang_fl::<op_name>`` runs ``fn`` (one key per ``fn`` object);
     defines the op if needed."""
@@ -352,7 +562,8 @@ def graph_safe(
         graph = _graph_ops[op_name]
         arguments = graph.arguments(args, kwargs)
         op = getattr(getattr(torch.ops, NAMESPACE), op_name).default
-        return graph.pack(op(key, *graph.layer_values(obj), *arguments), arguments)
+        outputs = op(key, *graph.layer_values(obj), *graph.op_arguments(arguments))
+        return graph.pack(outputs, arguments)
 
     if _substitute(op_name, fn, through_custom_op):
         return fn

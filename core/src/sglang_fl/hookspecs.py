@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .dispatch.registry import OpRegistry
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
+    from .ops.graph_runner import SglangGraphRunnerOffer
 
 PROJECT_NAME = "sglang_fl"
 
@@ -103,4 +104,21 @@ def sglang_fl_attention_backend() -> SglangAttentionBackendOffer | None:
     or returns something else, or an offer that fails a check, is skipped and reported, the
     other offers kept (an error under ``SGLANG_FL_STRICT=1``). The factory is bounded like a
     hook.
+    """
+
+
+@hookspec
+def sglang_fl_graph_runner() -> SglangGraphRunnerOffer | None:
+    """SGLang only: offer this plugin's decode graph runner, or ``None``.
+
+    Called once per process, each plugin alone and bounded by ``SGLANG_FL_PLUGIN_TIMEOUT``,
+    when SGLang asks a platform sglang-fl provides for its graph runner
+    (``get_graph_runner_cls()``: ``--enable-torch-compile`` on the CPU, device graphs on a
+    vendor's platform) and when ``sglang-fl ops``/``explain`` list the candidates. Return a
+    :class:`~sglang_fl.types.SglangGraphRunnerOffer` (its factory builds the runner later, per
+    model runner), not the runner. The offers and sglang-fl's own runner for the platform
+    (``reference.sglang_graph_runner``) are the candidates of the selection
+    ``sglang_graph_runner``, chosen by the policy like an op's implementations. A hook that
+    raises, hangs or returns something else is skipped and reported (an error under
+    ``SGLANG_FL_STRICT=1``).
     """

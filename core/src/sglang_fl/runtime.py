@@ -27,7 +27,7 @@ from .dispatch.policy import SelectionPolicy
 from .dispatch.registry import OpRegistry
 from .dispatch.resolve import Resolution, resolve, resolve_among
 from .dispatch.types import OpImpl
-from .errors import PluginLoadError, SglangFlError
+from .errors import GraphModeRefused, PluginLoadError, SglangFlError
 from .guard import call_plugin_code, describe_exception, in_plugin_code, plain_str, safe_repr
 from .loader import (
     PluginRecord,
@@ -40,6 +40,7 @@ from .loader import (
     reset_loads_in_child,
 )
 from .ops import STANDARD_OPS
+from .ops.attention.plan import GraphMode
 
 __all__ = ["PlatformAnswer", "Runtime", "get_runtime", "reset_runtime"]
 
@@ -74,6 +75,8 @@ class Runtime:
             _log.warning("%s", warning)
         self._availability = AvailabilityCache(timeout=config.plugin_timeout)
         self._resolutions: dict[str, Resolution] = {}
+        self._bound: dict[str, OpImpl] = {}  # op -> the implementation an engine bound
+        self.graph_mode: GraphMode | None = None  # a graph runner's, once it started
         self._lock = threading.RLock()
         reset_locks_in_child(self)
 
@@ -94,6 +97,37 @@ class Runtime:
                 cached = resolve(op_name, self.registry, self.policy, self._availability)
                 self._resolutions[op_name] = cached
             return cached
+
+    def bound(self, op_name: str, impl: OpImpl) -> None:
+        """An engine integration bound ``impl`` for ``op_name`` (once per op and binding site).
+
+        While a graph runner runs (:attr:`graph_mode`), an implementation that declares it
+        cannot run under that mode is refused: :class:`~sglang_fl.errors.GraphModeRefused`,
+        raised in the eager warm-up step that binds it, before any capture.
+        """
+        mode = self.graph_mode
+        problem = impl.graph_problem(mode) if mode is not None else None
+        if problem is not None:
+            raise GraphModeRefused(
+                f"{op_name}: {impl.impl_id} cannot run under a {mode} graph runner: {problem}"
+            )
+        with self._lock:
+            self._bound[op_name] = impl
+
+    def graph_problems(self, mode: GraphMode, skip: Iterable[str] = ()) -> list[str]:
+        """Why the implementations bound so far cannot run under ``mode`` (``skip``: ops the
+        caller checks itself), one line each."""
+        with self._lock:
+            return [
+                f"{op}: {impl.impl_id}: {problem}"
+                for op, impl in self._bound.items()
+                if op not in skip and (problem := impl.graph_problem(mode)) is not None
+            ]
+
+    def enter_graph_mode(self, mode: GraphMode) -> None:
+        """A graph runner starts in this process: from now on every binding is checked
+        against ``mode`` (:meth:`bound`)."""
+        self.graph_mode = mode
 
     def resolve_among(self, name: str, candidates: Iterable[OpImpl]) -> Resolution:
         """A selection of :data:`~sglang_fl.ops.SELECTIONS` over ``candidates``, by this

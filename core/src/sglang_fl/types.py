@@ -30,8 +30,8 @@ Registering kernels
         sealed).
     :data:`hookimpl`
         The pluggy marker for a plugin's hook functions (``sglang_fl_register_ops``,
-        ``sglang_fl_platform``, ``sglang_fl_communicator``, ``sglang_fl_attention_backend``;
-        see :mod:`sglang_fl.hookspecs`).
+        ``sglang_fl_platform``, ``sglang_fl_communicator``, ``sglang_fl_attention_backend``,
+        ``sglang_fl_graph_runner``; see :mod:`sglang_fl.hookspecs`).
 
 Supplying collectives (``all_reduce``, ``send``, ...; see :mod:`sglang_fl.ops.collectives`)
     :class:`CollectiveGroup`
@@ -60,6 +60,29 @@ Offering a whole SGLang attention backend (instead of, or besides, attention ker
         and a one-line description. It competes with sglang-fl's kernel-based backend in the
         selection ``sglang_attention_backend`` (same policy as ops); a factory that raises
         leaves the model runner on the kernel-based backend, reported (an error under strict).
+
+Planning attention once per forward (``decode_attention``, ``extend_attention``)
+    :class:`DefaultPlanner`
+        Plans a forward's batch (:class:`AttentionBatch`) into the :class:`AttentionPlan` the
+        per-layer calls take (page table, lengths on the device and the host). An
+        implementation gets it by default; a vendor subclasses it to add fields (FA3's
+        scheduler metadata, Ascend's host length arrays) and passes it as ``OpImpl(...,
+        planner=...)`` (or ``Backend.implementations(..., planner=...)``). Its
+        ``graph_problem(mode)`` says which :class:`GraphMode` (``compiled``: torch.compile,
+        ``captured``: CUDA/NPU graphs) cannot replay the implementation, and why; graph-mode
+        plans are allocated once (``allocate``) and updated in place (``update``, ``record``).
+    :class:`AttentionPlan`, :class:`AttentionBatch`, :class:`GraphMode`
+        The default plan (subclass it for a vendor plan), the batch description a planner
+        reads, and the graph modes.
+
+Offering a decode graph runner (SGLang's ``get_graph_runner_cls``, on a platform sglang-fl
+provides)
+    :class:`SglangGraphRunnerOffer`
+        What ``sglang_fl_graph_runner()`` returns: ``factory(model_runner)`` building the
+        runner, the :class:`GraphMode` it replays with, an optional availability probe and a
+        priority. It competes with sglang-fl's own runner in the selection
+        ``sglang_graph_runner``; one that cannot be built leaves the next candidate serving,
+        reported (an error under strict).
 
 Describing a chip
     :class:`Backend`
@@ -104,27 +127,37 @@ from .hookspecs import hookimpl
 if TYPE_CHECKING:
     from .collective_library import DtypeSet, ProcessGroupLibrary, UnevenCalls
     from .dispatch.registry import OpRegistry
+    from .ops.attention.plan import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
     from .ops.attention.sglang_backend import SglangAttentionBackendOffer
     from .ops.collectives.group import CollectiveGroup
+    from .ops.graph_runner import SglangGraphRunnerOffer
 
 __all__ = [
+    "AttentionBatch",
+    "AttentionPlan",
     "Availability",
     "Backend",
     "BackendImplKind",
     "BackendPriority",
     "ChipSdk",
     "CollectiveGroup",
+    "DefaultPlanner",
     "DtypeSet",
+    "GraphMode",
     "OpImpl",
     "OpRegistry",
     "PreparedKernel",
     "ProcessGroupLibrary",
     "Provenance",
     "SglangAttentionBackendOffer",
+    "SglangGraphRunnerOffer",
     "UnevenCalls",
     "Unsupported",
     "hookimpl",
 ]
+
+
+_PLAN_NAMES = frozenset({"AttentionBatch", "AttentionPlan", "DefaultPlanner", "GraphMode"})
 
 
 def __getattr__(name: str) -> Any:
@@ -147,6 +180,14 @@ def __getattr__(name: str) -> Any:
         from .ops.attention.sglang_backend import SglangAttentionBackendOffer
 
         return SglangAttentionBackendOffer
+    if name == "SglangGraphRunnerOffer":
+        from .ops.graph_runner import SglangGraphRunnerOffer
+
+        return SglangGraphRunnerOffer
+    if name in _PLAN_NAMES:
+        from .ops.attention import plan
+
+        return getattr(plan, name)
     if name in ("ProcessGroupLibrary", "DtypeSet", "UnevenCalls"):
         from . import collective_library
 

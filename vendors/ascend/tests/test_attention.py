@@ -6,10 +6,16 @@ block size (multiples of 128), so extend is also checked against the reference a
 page size, 128, in TND (head size 128) and per request in BSND (head size 64). Then the calls
 themselves (PagedAttention and FIA decode, TND and BSND extend) and every refusal, each before
 any operator call.
+
+Both attention ops take the forward's plan (core's default planner, as the backend hands it);
+the kit reruns each served call on fake tensors to find host reads of device values, which the
+double's kernels (custom ops with fake implementations) let through only where the adapters
+read host lengths, so a planted device read still fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,16 +24,19 @@ import torch
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
+from torch._subclasses.fake_tensor import FakeTensor
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported
 from sglang_fl.ops import STANDARD_OPS, OpCase
-from sglang_fl.ops.attention import attention_layer
+from sglang_fl.ops.attention import NO_WINDOW, attention_layer
 from sglang_fl.ops.attention.cases import Option
 from sglang_fl.ops.attention.common import build_pool
-from sglang_fl.testing.checks import PASSED, SKIPPED, check_case
-from sglang_fl.testing.doubles import install_double
+from sglang_fl.ops.attention.plan import ForwardKind, PlanCapacity
+from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, check_case, check_plan
+from sglang_fl.testing.doubles import Call, install_double
 from sglang_fl.testing.vendor import VendorSuite
+from sglang_fl.types import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
 
 SUITE = VendorSuite("ascend", plugin.sglang_fl_register_ops)
 IMPLS = SUITE.implementations
@@ -72,6 +81,12 @@ def operator_calls(op: str, p: Mapping[str, Any]) -> int:
     return min(requests, 1) if tnd(p) else requests
 
 
+def on_fake_tensors(call: Call) -> bool:
+    """Whether ``call`` came from the kit's rerun on fake tensors (its host-read check)."""
+    values = (*call.args, *call.kwargs.values())
+    return any(isinstance(value, FakeTensor) for value in values)
+
+
 def test_the_attention_cases_are_all_collected() -> None:
     assert {param.values[0] for param in CASES} == set(ATTENTION)
 
@@ -83,9 +98,112 @@ def test_contract_case(
     outcome = check_case(IMPLS[op], case, dtype)
     expected = SKIPPED if declined(op, case.params, dtype) else PASSED
     assert outcome.status == expected, outcome.message
-    # None for a declined or an empty call.
+    # None for a declined or an empty call. The planned ops' calls run again on fake tensors
+    # (the host-read check), reaching the double's operators as they would an NPU's.
     served = operator_calls(op, case.params) if expected == PASSED else 0
-    assert len(torch_npu.calls) == served
+    faked = [call for call in torch_npu.calls if on_fake_tensors(call)]
+    assert len(torch_npu.calls) - len(faked) == served
+    assert len(faked) == (served if op != "store_kv_cache" else 0)
+
+
+def decode_plan(
+    req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> AttentionPlan:
+    """The forward's plan the backend hands the adapters (they supply no planner)."""
+    return DefaultPlanner().plan(AttentionBatch.decode(req_to_token, rows, seq_lens, page_size))
+
+
+def extend_plan(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    prefix: torch.Tensor,
+    extend: torch.Tensor,
+    page_size: int,
+) -> AttentionPlan:
+    batch = AttentionBatch.extend(req_to_token, rows, seq_lens, prefix, extend, page_size)
+    return DefaultPlanner().plan(batch)
+
+
+def test_the_adapters_take_the_default_plan_and_claim_no_device_graphs() -> None:
+    """The operators take their lengths from the host (FIA's lists, PagedAttention's CPU
+    context_lens), which a recorded NPU graph would replay unchanged; compiled, each call runs
+    afresh."""
+    for op in ("decode_attention", "extend_attention"):
+        planner = IMPLS[op].planner
+        assert type(planner) is DefaultPlanner
+        assert planner.graph_problem(GraphMode.COMPILED) is None
+        assert planner.graph_problem(GraphMode.CAPTURED)
+
+
+@pytest.mark.parametrize(("op", "case"), SUITE.plan_cases())
+def test_plan(torch_npu: TorchNpuDouble, op: str, case: OpCase) -> None:
+    """The default planner's plan (the adapters bring none) and, as it claims torch.compile,
+    its graph-mode plan updated in place for the next batch."""
+    outcome = check_plan(IMPLS[op], case)
+    assert outcome.status == PASSED, outcome.message
+
+
+def served_case(op: str, operator: str) -> OpCase:
+    """The first bfloat16 contract case of ``op`` whose non-empty batch ``operator`` serves."""
+    dtype = torch.bfloat16
+    for param in CASES:
+        name, case, case_dtype = param.values
+        p = case.params
+        if name != op or case_dtype != dtype or declined(op, p, dtype):
+            continue
+        if operator_calls(op, p) == 0:
+            continue
+        if operator == "_npu_paged_attention" and (
+            p["page_size"] % 16 or p["option"] is Option.WINDOW
+        ):
+            continue
+        if operator != "_npu_paged_attention" and p["head_dim"] != p["v_head_dim"]:
+            continue
+        assert isinstance(case, OpCase)
+        return case
+    raise AssertionError(f"no served case of {op} on {operator}")
+
+
+def reading(adapter: Any, field: str) -> Any:
+    """``adapter`` with a planted host read of the plan's device ``field``."""
+
+    def planted(obj: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Any) -> Any:
+        getattr(plan, field).tolist()
+        return adapter(obj, q, k, v, plan)
+
+    return planted
+
+
+@pytest.mark.parametrize(
+    ("op", "fia", "field"),
+    [
+        ("decode_attention", False, "seq_lens"),
+        ("decode_attention", False, "page_table"),
+        ("decode_attention", True, "seq_lens"),
+        ("extend_attention", False, "extend_seq_lens"),
+    ],
+    ids=["paged-seq_lens", "paged-page_table", "fia-seq_lens", "extend-extend_seq_lens"],
+)
+def test_the_kit_still_fails_a_planted_host_read(
+    monkeypatch: pytest.MonkeyPatch, op: str, fia: bool, field: str
+) -> None:
+    """The double's kernels hide only the reads an NPU does inside its operators: an adapter
+    that reads a device value of the plan itself fails, naming the line."""
+    if fia:
+        monkeypatch.setenv("ASCEND_USE_FIA", "1")
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
+    on_fia = fia or op == "extend_attention"
+    operator = "npu_fused_infer_attention_score" if on_fia else "_npu_paged_attention"
+    case = served_case(op, operator)
+    honest = check_case(IMPLS[op], case, torch.bfloat16)
+    assert honest.status == PASSED, honest.message
+    planted = dataclasses.replace(IMPLS[op], fn=reading(IMPLS[op].fn, field))
+    outcome = check_case(planted, case, torch.bfloat16)
+    assert outcome.status == FAILED, outcome.message
+    assert "reads a device value on the host" in outcome.message
+    assert "test_attention.py" in outcome.message
+    assert set(torch_npu.called) == {operator}
 
 
 def pool(
@@ -140,9 +258,10 @@ def extend_at_npu_page_size(
         head_dim=head_dim,
         v_head_dim=v_head_dim or head_dim,
     )
+    q, k_cache, v_cache, req_to_token, rows, lens = args6
     prefix = torch.tensor([pre for pre, _ in NPU_BATCH], dtype=torch.int32)
     extend = torch.tensor([ext for _, ext in NPU_BATCH], dtype=torch.int32)
-    args = (*args6, prefix, extend, 128)
+    args = (q, k_cache, v_cache, extend_plan(req_to_token, rows, lens, prefix, extend, 128))
     out = extend_attention(layer, *args)
     expected = STANDARD_OPS["extend_attention"].reference(layer, *args)
     tolerance = STANDARD_OPS["extend_attention"].tolerance(dtype)
@@ -156,7 +275,7 @@ def test_tnd_extend_at_npu_page_size_matches_the_reference(
     torch_npu: TorchNpuDouble, kind: str, dtype: torch.dtype
 ) -> None:
     """Head size 128: one TND call for the whole batch."""
-    _, (q, k_cache, *_) = extend_at_npu_page_size(EXTEND_LAYERS[kind], dtype, 128)
+    _, (q, k_cache, _, plan) = extend_at_npu_page_size(EXTEND_LAYERS[kind], dtype, 128)
     ((name, (query, key, _), kw),) = torch_npu.calls
     assert name == "npu_fused_infer_attention_score"
     assert query.is_contiguous()  # the strided q, packed
@@ -166,6 +285,7 @@ def test_tnd_extend_at_npu_page_size_matches_the_reference(
     assert kw["input_layout"] == "TND"
     assert kw["actual_seq_lengths"] == [70, 100, 101]
     assert kw["actual_seq_lengths_kv"] == [70, 180, 201]
+    assert kw["block_table"] is plan.page_table  # the forward's, not rebuilt per layer
     assert kw["block_table"].dtype == torch.int32
     assert (kw["sparse_mode"], kw["pre_tokens"]) == BAND[kind]
     assert (kw["atten_mask"] is None) is (kind == "noncausal")
@@ -178,7 +298,7 @@ def test_bsnd_extend_per_request_where_tnd_does_not_hold(
     """Head size 64 (Llama-3.2-1B): TND needs 128 (or 192) on A2/A3, so each request runs
     alone in BSND, as SGLang's forward_extend does when _can_use_tnd is false."""
     layer = EXTEND_LAYERS[kind]
-    _, (q, *_) = extend_at_npu_page_size(layer, torch.bfloat16, 64)
+    _, (q, _, _, plan) = extend_at_npu_page_size(layer, torch.bfloat16, 64)
     calls = torch_npu.calls
     assert [call.kwargs["input_layout"] for call in calls] == ["BSND"] * 3
     assert [call.kwargs["actual_seq_lengths"] for call in calls] == [[70], [30], [1]]
@@ -188,6 +308,11 @@ def test_bsnd_extend_per_request_where_tnd_does_not_hold(
     assert query.is_contiguous()
     assert torch.equal(query[0], q[70:100])
     assert all(call.kwargs["block_table"].shape[0] == 1 for call in calls)
+    # Each request's row of the forward's page table (a view, not a copy).
+    assert all(
+        call.kwargs["block_table"].data_ptr() == plan.page_table[row].data_ptr()
+        for row, call in enumerate(calls)
+    )
     # Several tokens: the causal/band/non-causal mode; one token: no mode, a window as a mask.
     assert (calls[0].kwargs["sparse_mode"], calls[0].kwargs["pre_tokens"]) == BAND[kind]
     last = calls[2].kwargs
@@ -214,8 +339,13 @@ def test_tnd_takes_a_192_key_head_with_a_128_value_head(torch_npu: TorchNpuDoubl
 def test_tnd_takes_blocks_in_multiples_of_16_up_to_1024(
     torch_npu: TorchNpuDouble, page_size: int
 ) -> None:
-    args6 = pool((40, 9), page_size=page_size, tokens=49, head_dim=128, v_head_dim=128)
-    args = (*args6, torch.tensor([0, 0]), torch.tensor([40, 9]), page_size)
+    q, k_cache, v_cache, req_to_token, rows, lens = pool(
+        (40, 9), page_size=page_size, tokens=49, head_dim=128, v_head_dim=128
+    )
+    plan = extend_plan(
+        req_to_token, rows, lens, torch.tensor([0, 0]), torch.tensor([40, 9]), page_size
+    )
+    args = (q, k_cache, v_cache, plan)
     layer = attention_layer(scaling=0.1)
     out = extend_attention(layer, *args)
     torch.testing.assert_close(
@@ -226,10 +356,13 @@ def test_tnd_takes_blocks_in_multiples_of_16_up_to_1024(
 
 
 def test_the_causal_mask_is_built_once_per_device(torch_npu: TorchNpuDouble) -> None:
-    args6 = pool((3,), page_size=128, tokens=3, head_dim=128, v_head_dim=128)
+    q, k_cache, v_cache, req_to_token, rows, lens = pool(
+        (3,), page_size=128, tokens=3, head_dim=128, v_head_dim=128
+    )
+    plan = extend_plan(req_to_token, rows, lens, torch.tensor([0]), torch.tensor([3]), 128)
     layer = attention_layer(scaling=0.1)
     for _ in range(2):
-        extend_attention(layer, *args6, torch.tensor([0]), torch.tensor([3]), 128)
+        extend_attention(layer, q, k_cache, v_cache, plan)
     first, second = (call.kwargs["atten_mask"] for call in torch_npu.calls)
     assert first is second
     assert first.shape == (2048, 2048)
@@ -243,18 +376,23 @@ def test_the_causal_mask_is_built_once_per_device(torch_npu: TorchNpuDouble) -> 
 def decode(
     layer: Any, page_size: int, *, head_dim: int = 64, v_head_dim: int = 64
 ) -> tuple[torch.Tensor, tuple[Any, ...]]:
-    """``decode_attention`` of 2 requests (5 and 40 tokens), checked against the reference."""
-    args = pool((5, 40), page_size=page_size, head_dim=head_dim, v_head_dim=v_head_dim)
-    out = decode_attention(layer, *args, page_size)
-    expected = STANDARD_OPS["decode_attention"].reference(layer, *args, page_size)
+    """``decode_attention`` of 2 requests (5 and 40 tokens), checked against the reference;
+    its ``q``, caches, request table, rows and plan."""
+    q, k_cache, v_cache, req_to_token, rows, lens = pool(
+        (5, 40), page_size=page_size, head_dim=head_dim, v_head_dim=v_head_dim
+    )
+    plan = decode_plan(req_to_token, rows, lens, page_size)
+    out = decode_attention(layer, q, k_cache, v_cache, plan)
+    expected = STANDARD_OPS["decode_attention"].reference(layer, q, k_cache, v_cache, plan)
     torch.testing.assert_close(out, expected, **BF16)
-    return out, args
+    return out, (q, k_cache, v_cache, req_to_token, rows, plan)
 
 
 def test_decode_is_sglang_s_default_paged_attention(torch_npu: TorchNpuDouble) -> None:
-    out, (q, k_cache, _, req_to_token, rows, _) = decode(attention_layer(scaling=0.2), 16)
+    out, (q, k_cache, _, req_to_token, rows, plan) = decode(attention_layer(scaling=0.2), 16)
     ((name, _, kw),) = torch_npu.calls
     assert name == "_npu_paged_attention"
+    assert kw["block_table"] is plan.page_table  # the forward's, not rebuilt per layer
     assert kw["query"].shape == (2, 4, 64)
     assert kw["query"].is_contiguous()
     assert torch.equal(kw["query"], q)
@@ -281,9 +419,10 @@ def test_with_ascend_use_fia_decode_calls_the_bsh_page_attention(
 ) -> None:
     monkeypatch.setenv("ASCEND_USE_FIA", "1")
     torch_npu = install_double(monkeypatch, TorchNpuDouble(), TORCH_NPU)
-    out, (_, k_cache, _, req_to_token, rows, _) = decode(attention_layer(scaling=0.2), 16)
+    out, (_, k_cache, _, req_to_token, rows, plan) = decode(attention_layer(scaling=0.2), 16)
     ((name, (query, key, value), kw),) = torch_npu.calls
     assert name == "npu_fused_infer_attention_score"
+    assert kw["block_table"] is plan.page_table
     assert query.shape == (2, 1, 4 * 64)
     assert key.shape == value.shape == (k_cache.shape[0] // 16, 16, 2 * 64)
     expected_table = (req_to_token[rows, :40][:, ::16] // 16).to(torch.int32)
@@ -330,6 +469,45 @@ def test_off_atlas_a2_a3_paged_attention_leaves_decode_to_fia(
     torch_npu = install_double(monkeypatch, TorchNpuDouble(soc_version=200), TORCH_NPU)
     decode(attention_layer(scaling=0.2), 16)
     assert torch_npu.called == ["npu_fused_infer_attention_score"]
+
+
+@pytest.mark.parametrize("window", [NO_WINDOW, 8], ids=["paged", "fia-window"])
+def test_decode_reads_a_compiled_step_s_plan_updated_in_place(
+    torch_npu: TorchNpuDouble, window: int
+) -> None:
+    """A compiled step's plan: buffers for a larger batch and a longer context, updated in place
+    for one batch and then this one (the kit's graph-mode check runs its contract's first
+    dtype, float32, which both operators decline): the operators read views of the buffers
+    and give this batch's result; a window's mask spans the wider table."""
+    q, k_cache, v_cache, req_to_token, rows, lens = pool((5, 40), page_size=16)
+    planner = IMPLS["decode_attention"].planner
+    capacity = PlanCapacity(
+        kind=ForwardKind.DECODE,
+        max_batch=4,
+        max_tokens=4,
+        max_context=2 * req_to_token.shape[1],
+        page_size=16,
+        device=q.device,
+    )
+    buffers = planner.allocate(capacity)
+    for batch in (
+        AttentionBatch.decode(req_to_token, rows.flip(0), lens.flip(0), 16),
+        AttentionBatch.decode(req_to_token, rows, lens, 16),
+    ):
+        plan = planner.update(buffers, batch)
+        planner.record(plan, batch)
+    layer = attention_layer(scaling=0.2, sliding_window_size=window)
+    out = decode_attention(layer, q, k_cache, v_cache, plan)
+    reference = STANDARD_OPS["decode_attention"].reference
+    eager = decode_plan(req_to_token, rows, lens, 16)
+    torch.testing.assert_close(out, reference(layer, q, k_cache, v_cache, eager), **BF16)
+    ((name, _, kw),) = torch_npu.calls
+    paged = window == NO_WINDOW
+    assert name == ("_npu_paged_attention" if paged else "npu_fused_infer_attention_score")
+    assert kw["block_table"].data_ptr() == buffers.page_table.data_ptr()
+    assert kw["block_table"].shape == (2, capacity.max_pages)
+    if not paged:
+        assert kw["atten_mask"].shape == (2, capacity.max_pages * 16)
 
 
 # -- store ----------------------------------------------------------------------------------------
@@ -406,17 +584,18 @@ def test_declines_before_any_call(
     options: dict[str, Any],
     message: str,
 ) -> None:
-    args = pool((3, 8), **{"page_size": 128, **options})
+    q, k_cache, v_cache, req_to_token, rows, lens = pool((3, 8), **{"page_size": 128, **options})
     obj = attention_layer(scaling=0.1, **layer)
-    lens, page = args[-1], options.get("page_size", 128)
+    page = options.get("page_size", 128)
     two_new = torch.tensor([2, 2], dtype=torch.int32)  # extend: the last two tokens of each
-    call = (
-        (lambda: decode_attention(obj, *args, page))
+    plan = (
+        decode_plan(req_to_token, rows, lens, page)
         if op == "decode"
-        else (lambda: extend_attention(obj, *args, lens - 2, two_new, page))
+        else extend_plan(req_to_token, rows, lens, lens - 2, two_new, page)
     )
+    attend = decode_attention if op == "decode" else extend_attention
     with pytest.raises(Unsupported, match=message):
-        call()
+        attend(obj, q, k_cache, v_cache, plan)
     assert torch_npu.calls == []
 
 
@@ -431,9 +610,10 @@ def test_a_release_without_the_operators_declines(
         "npu_fused_infer_attention_score",
     ):
         monkeypatch.setattr(torch_npu, name, None)
-    args = pool((5,), page_size=16)
+    q, k_cache, v_cache, req_to_token, rows, lens = pool((5,), page_size=16)
     with pytest.raises(Unsupported, match="has no _npu_reshape_and_cache"):
-        store_kv_cache(None, args[1], args[2], torch.tensor([7]), args[1][:1], args[2][:1])
+        store_kv_cache(None, k_cache, v_cache, torch.tensor([7]), k_cache[:1], v_cache[:1])
+    plan = decode_plan(req_to_token, rows, lens, 16)
     with pytest.raises(Unsupported, match=r"has no _npu_paged_attention.*has no npu_fused_infer"):
-        decode_attention(attention_layer(scaling=0.1), *args, 16)
+        decode_attention(attention_layer(scaling=0.1), q, k_cache, v_cache, plan)
     assert torch_npu.calls == []

@@ -19,6 +19,11 @@ the real one does, and :meth:`FlashAttnDouble.get_device_capability` stands in f
 double see one GPU. Options the adapters never pass (appending K/V, rotary, fp8 descales,
 ``qv``, LSE output, batch indices, left padding) raise ``NotImplementedError``.
 
+The computation runs as a ``torch.library`` custom op with a fake implementation, as
+sgl_kernel's ``fwd`` is an operator (``torch.ops.sgl_kernel.fwd``): its value-dependent work
+(reading the page table and lengths) happens inside the kernel, never in the caller's Python,
+so the conformance kit's host-read check sees what it would see on a GPU.
+
 Not a constraint, on purpose: the wrapper's docstring says ``page_block_size must be a
 multiple of 256``. That sentence is FlashAttention-2's rule; FA3's ``mha_fwd`` takes
 ``page_size = k.size(1)`` without such a check, and SGLang 0.5.23's ``fa3`` backend runs FA3
@@ -241,30 +246,62 @@ class FlashAttnDouble(SdkDouble):
         )
         heads, kv_heads = q.shape[1], k_cache.shape[2]
         self.GQA.check(heads % kv_heads == 0, f"{heads}/{kv_heads}")
-        page_size, pages = k_cache.shape[1], k_cache.shape[0]
-        lens = cache_seqlens.tolist()
-        self.PAGES_COVER.check(
-            max(lens, default=0) <= page_table.shape[1] * page_size
-            and all(
-                0 <= int(page) < pages
-                for b, length in enumerate(lens)
-                for page in page_table[b, : -(-length // page_size)].tolist()
-            ),
-            f"page_table {tuple(page_table.shape)}, page_size {page_size}, {pages} pages, "
-            f"cache_seqlens {lens}",
-        )
         scale = d**-0.5 if softmax_scale is None else softmax_scale
-        out = q.new_empty((q.shape[0], heads, dv))
-        starts = cu_seqlens_q.tolist()
-        for b, length in enumerate(lens):
-            rows = slice(starts[b], starts[b + 1])
-            table = page_table[b, : -(-length // page_size)].long()
-            keys = k_cache[table].reshape(-1, kv_heads, d)[:length]
-            values = v_cache[table].reshape(-1, kv_heads, dv)[:length]
-            out[rows] = _attention(q[rows], keys, values, scale, causal, window_size, softcap).to(
-                q.dtype
-            )
+        out: torch.Tensor = torch.ops.sglang_fl_test.flash_attn_fwd(
+            q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, scale, causal,
+            window_size[0], window_size[1], softcap,
+        )  # fmt: skip
         return out
+
+
+@torch.library.custom_op("sglang_fl_test::flash_attn_fwd", mutates_args=())
+def _forward(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> torch.Tensor:
+    """The kernel: reads the page table and lengths, checks they cover the pool, attends."""
+    heads, d, dv = q.shape[1], q.shape[2], v_cache.shape[3]
+    kv_heads, page_size, pages = k_cache.shape[2], k_cache.shape[1], k_cache.shape[0]
+    lens = cache_seqlens.tolist()
+    FlashAttnDouble.PAGES_COVER.check(
+        max(lens, default=0) <= page_table.shape[1] * page_size
+        and all(
+            0 <= int(page) < pages
+            for b, length in enumerate(lens)
+            for page in page_table[b, : -(-length // page_size)].tolist()
+        ),
+        f"page_table {tuple(page_table.shape)}, page_size {page_size}, {pages} pages, "
+        f"cache_seqlens {lens}",
+    )
+    out = q.new_empty((q.shape[0], heads, dv))
+    starts = cu_seqlens_q.tolist()
+    for b, length in enumerate(lens):
+        rows = slice(starts[b], starts[b + 1])
+        table = page_table[b, : -(-length // page_size)].long()
+        keys = k_cache[table].reshape(-1, kv_heads, d)[:length]
+        values = v_cache[table].reshape(-1, kv_heads, dv)[:length]
+        window = (window_left, window_right)
+        out[rows] = _attention(q[rows], keys, values, scale, causal, window, softcap).to(q.dtype)
+    return out
+
+
+@_forward.register_fake
+def _(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *rest: object,
+) -> torch.Tensor:
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
 
 
 def _attention(

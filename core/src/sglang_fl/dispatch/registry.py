@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .._strenum import StrEnum
 from ..errors import RegistrationError, UnknownOpError
 from ..guard import capped, plain_str, plugin_text, safe_repr
-from ..ops import STANDARD_OPS, unknown_op_message
+from ..ops import STANDARD_OPS, OpContract, unknown_op_message
+from ..ops.attention.plan import AttentionPlanner, GraphMode
 from .identity import DIRECT_PLUGIN, identity_problem, is_core_reference
 from .types import BackendImplKind, BackendPriority, OpImpl, Provenance
 
@@ -413,6 +415,8 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
     if not callable(fn):
         raise RegistrationError(f"{who} registered {impl_id!r} with a non-callable fn")
     contract = STANDARD_OPS[op_name]
+    graph_problems = _graph_problems(impl.graph_problems, impl_id, who)
+    fn, planner = _planned(contract, impl_id, fn, impl.planner, who)
     problem = contract.signature_problem(fn)
     if problem is not None:
         raise RegistrationError(
@@ -430,7 +434,77 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
                 f"{who} registered {impl_id!r} with prepare={safe_repr(prepare)}; expected "
                 f"None or prepare(obj, {', '.join(contract.weights)}) -> tuple"
             )
-    return OpImpl(op_name, impl_id, kind, fn, vendor, priority, declared, prepare=prepare)
+    return OpImpl(
+        op_name,
+        impl_id,
+        kind,
+        fn,
+        vendor,
+        priority,
+        declared,
+        prepare=prepare,
+        planner=planner,
+        graph_problems=graph_problems,
+    )
+
+
+def _graph_problems(declared: object, impl_id: str, who: str) -> Mapping[str, str] | None:
+    """A copy of ``declared`` (graph mode -> reason), or :class:`RegistrationError`."""
+    if declared is None:
+        return None
+    modes = ", ".join(GraphMode)
+    if not isinstance(declared, Mapping):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with graph_problems={safe_repr(declared)}; "
+            f"expected a mapping of graph modes ({modes}) to reasons"
+        )
+    problems: dict[str, str] = {}
+    for raw_mode, raw_reason in declared.items():
+        mode, reason = plain_str(raw_mode), plain_str(raw_reason)
+        if mode not in set(GraphMode) or not reason or not reason.strip():
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} with graph_problems entry "
+                f"{safe_repr(raw_mode)}: {safe_repr(raw_reason)}; expected a graph mode "
+                f"({modes}) and a non-empty reason"
+            )
+        problems[str(mode)] = reason
+    return MappingProxyType(problems)
+
+
+def _planned(
+    contract: OpContract, impl_id: str, fn: Callable[..., Any], planner: object, who: str
+) -> tuple[Callable[..., Any], AttentionPlanner | None]:
+    """``fn`` and its planner: the default one when none is given, the legacy one (and ``fn``
+    adapted) for a planned op's signature from before plans; a planner elsewhere is refused."""
+    stage = contract.plan_stage
+    if stage is None:
+        if planner is not None:
+            raise RegistrationError(
+                f"{who} registered {impl_id!r} for op {contract.name!r} with a planner, but "
+                f"only planned ops take one: {', '.join(_planned_ops())}"
+            )
+        return fn, None
+    if planner is not None and not isinstance(planner, AttentionPlanner):
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with planner={safe_repr(planner)}; expected an "
+            "AttentionPlanner (subclass sglang_fl.types.DefaultPlanner)"
+        )
+    if contract.signature_problem(fn) is None:
+        return fn, planner or stage.default_planner
+    adapted = stage.adapt_legacy(fn)
+    if adapted is None:
+        return fn, planner  # the caller names the signature problem
+    if planner is not None:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} for op {contract.name!r} with a planner but the "
+            f"signature from before plans; a planned implementation takes "
+            f"{contract.signature_text()}"
+        )
+    return adapted, stage.legacy_planner
+
+
+def _planned_ops() -> list[str]:
+    return [name for name, c in STANDARD_OPS.items() if c.plan_stage is not None]
 
 
 def _check_length(who: str, field_name: str, value: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -71,8 +71,15 @@ class OpImpl:
     callable returning ``bool`` or :class:`Availability` is probed lazily, at most once per
     process; a plain ``True``/``False`` there is a fixed answer (``False``: never chosen).
     ``priority`` defaults to the kind's :class:`BackendPriority` (a vendor implementation that
-    gives none gets ``VENDOR``, not ``DEFAULT``). ``provenance`` is filled
-    in by the loader; a backend never sets it.
+    gives none gets ``VENDOR``, not ``DEFAULT``). ``planner`` is for the planned ops
+    (``decode_attention``, ``extend_attention``): an
+    :class:`~sglang_fl.ops.attention.plan.AttentionPlanner` that plans each forward for ``fn``
+    (``None``: the default plan; the registry fills it in). ``graph_problems`` maps each graph
+    mode ``fn`` cannot run under (``"captured"``: CUDA/NPU graphs; ``"compiled"``:
+    torch.compile) to the reason, e.g. a kernel that reads a device value on the host (a planned
+    op's planner answers for its calls too); a graph runner is refused, before capture, when a
+    chosen implementation declares its mode. ``provenance`` is filled in by the loader; a
+    backend never sets it.
 
     ``prepare`` (ops whose contract has ``weights``, the quantized ones): called once per layer
     when its weights are final, ``prepare(obj, *weights)`` with the weights in the contract's
@@ -92,6 +99,8 @@ class OpImpl:
     available: Callable[[], object] | bool | None = field(default=None, compare=False)
     provenance: Provenance | None = field(default=None, compare=False)
     prepare: Callable[..., tuple[Any, ...]] | None = field(default=None, compare=False)
+    planner: Any = field(default=None, compare=False)
+    graph_problems: Mapping[str, str] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         given: object = self.priority  # None when the author left it out
@@ -105,6 +114,16 @@ class OpImpl:
         if probe is None:
             probe = getattr(self.fn, "_is_available", None)
         return probe if isinstance(probe, bool) or callable(probe) else None
+
+    def graph_problem(self, mode: str) -> str | None:
+        """Why this implementation cannot run under graph mode ``mode``, or ``None``: what it
+        declares (``graph_problems``), else what its planner says (a planned op)."""
+        declared = (self.graph_problems or {}).get(str(mode))
+        if declared is not None:
+            return declared
+        ask = getattr(self.planner, "graph_problem", None)
+        answer = ask(mode) if ask is not None else None
+        return None if answer is None else str(answer)
 
     def with_provenance(self, provenance: Provenance) -> OpImpl:
         return replace(self, provenance=provenance)

@@ -287,6 +287,8 @@ class LayerRouter:
         resolution: Resolution,
         engine_forward: Forward,
         label: str | None = None,
+        *,
+        chain: FallbackChain | None = None,
     ) -> Forward:
         """The forward ``layer`` keeps: a bridge to the chosen implementation, or the engine's.
 
@@ -295,7 +297,9 @@ class LayerRouter:
         calls of, the layer class by default): the op's fallback chain, whose declines are
         ``fallback`` records, bound once per op and process; wrappers that compile it (custom
         ops) and observe it (verify mode) are applied here, once per layer; the verifier is
-        outermost, so under compile it steps aside for the custom op.
+        outermost, so under compile it steps aside for the custom op. ``chain``: a binding the
+        caller made of the same candidates (the attention backend's, whose candidates each
+        read their own plan), reporting its declines through :meth:`report_decline`.
         """
         cls = type(layer)
         reason = bridge.refuse_instance(layer)
@@ -304,7 +308,8 @@ class LayerRouter:
             return engine_forward
         chosen = resolution.decision.chosen
         config = self.runtime.config
-        chain = self._chain(resolution)
+        self.runtime.bound(resolution.op, chosen)
+        chain = chain or self._chain(resolution)
         # Both return chain.fn itself when off: eager calls then cost what they did before.
         fn = graph_safe(resolution.op, chain.fn, chosen.impl_id, enabled=config.custom_ops)
         fn = self.verifier.wrap(fn, chosen, label or qualname(cls), chain=chain)

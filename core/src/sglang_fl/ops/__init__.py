@@ -27,6 +27,7 @@ from .attention import (
 from .attention.clamp_position import CONTRACT as CLAMP_POSITION
 from .collectives import COLLECTIVES
 from .contract import OpCase, OpContract, OpInputs, Tolerance
+from .graph_runner import SGLANG_GRAPH_RUNNER
 from .kernel_functions.fused_gate_sigmoid_mul import FUSED_GATE_SIGMOID_MUL
 from .kernel_functions.fused_sigmoid_mul import FUSED_SIGMOID_MUL
 from .linear_attention import LINEAR_ATTENTION_OPS
@@ -79,7 +80,7 @@ STANDARD_OPS: Mapping[str, OpContract] = MappingProxyType(
 
 # Choices the policy makes like an op's but whose candidates are not kernels (no contract, not
 # in the registry): a name here is a valid ``per_op`` key and ``sglang-fl explain`` argument.
-SELECTIONS: tuple[str, ...] = (SGLANG_ATTENTION_BACKEND,)
+SELECTIONS: tuple[str, ...] = (SGLANG_ATTENTION_BACKEND, SGLANG_GRAPH_RUNNER)
 
 
 def unknown_op_message(name: str) -> str:

@@ -13,7 +13,16 @@ import torch
 
 from ..schema import ContractJson, InPlaceJson
 
-__all__ = ["Collective", "OpCase", "OpContract", "OpInputs", "Rule", "Tolerance"]
+__all__ = [
+    "Collective",
+    "OpCase",
+    "OpContract",
+    "OpInputs",
+    "PlanStage",
+    "Rule",
+    "Tolerance",
+    "binding_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,9 @@ class OpInputs:
     preserved: tuple[str, ...] = ()
     # Output index -> argument name whose storage the contract says holds that output.
     written_in_place: Mapping[int, str] = field(default_factory=dict)
+    # A planned op's batch description (:class:`~sglang_fl.ops.attention.plan.AttentionBatch`):
+    # what each implementation's planner plans from; ``args`` carry the reference's plan.
+    batch: Any = None
 
     def argument(self, name: str, signature: inspect.Signature) -> Any:
         """The value passed for parameter ``name`` (positional or keyword)."""
@@ -122,6 +134,25 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class PlanStage:
+    """A planned op's plan stage (:mod:`sglang_fl.ops.attention.plan`): once per forward, each
+    implementation's planner (``OpImpl.planner``, else ``default_planner``) plans the batch;
+    the op's last parameter takes that plan.
+
+    ``kind`` is the :class:`~sglang_fl.ops.attention.plan.ForwardKind` the op serves;
+    ``reference_planner`` plans for the contract's reference; ``adapt_legacy`` wraps an
+    implementation written for the op's signature before plans (``None`` when ``fn`` does not
+    take that one either), which then gets ``legacy_planner``.
+    """
+
+    kind: Any
+    reference_planner: Any
+    default_planner: Any
+    legacy_planner: Any
+    adapt_legacy: Callable[[Callable[..., Any]], Callable[..., Any] | None]
+
+
+@dataclass(frozen=True)
 class OpContract:
     """Everything sglang-fl knows about one standard operator.
 
@@ -165,6 +196,12 @@ class OpContract:
         if unknown:
             raise ValueError(f"op {self.name!r}: weights {unknown} are not parameters")
 
+    # Set for planned ops (the attention ops): their per-forward plan stage.
+    plan_stage: PlanStage | None = None
+    # Graph modes (``"captured"``, ``"compiled"``) the reference cannot run under, and why:
+    # its ``OpImpl.graph_problems`` (a reference reading values on the host cannot be captured).
+    reference_graph_problems: Mapping[str, str] = field(default_factory=dict)
+
     @property
     def parameter_names(self) -> tuple[str, ...]:
         return tuple(self.signature.parameters)
@@ -199,23 +236,7 @@ class OpContract:
         Every parameter of the contract is passed positionally by the bridges; the conformance
         kit also passes the optional ones by keyword, so names must match too.
         """
-        try:
-            signature = inspect.signature(fn)
-        except (TypeError, ValueError) as exc:
-            return f"its signature cannot be inspected ({exc})"
-        placeholders = [object()] * len(self.parameter_names)
-        try:
-            signature.bind(*placeholders)
-        except TypeError as exc:
-            return f"it cannot be called with {len(placeholders)} positional arguments ({exc})"
-        optional = {
-            name: object() for name in self.parameter_names if name not in self.required_parameters
-        }
-        try:
-            signature.bind(*placeholders[: len(self.required_parameters)], **optional)
-        except TypeError as exc:
-            return f"its optional parameters are not named as in the contract ({exc})"
-        return None
+        return binding_problem(self.signature, fn)
 
     def describe(self) -> ContractJson:
         """The whole contract as data, for ``sglang-fl explain OP`` and the API pages.
@@ -279,6 +300,28 @@ class OpContract:
 def _dtype_name(dtype: torch.dtype) -> str:
     """``float32`` for ``torch.float32``: the name users pass and the kit's test ids show."""
     return str(dtype).removeprefix("torch.")
+
+
+def binding_problem(signature: inspect.Signature, fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot be called as ``signature`` says (every parameter positionally, the
+    optional ones also by name), or ``None`` if it can."""
+    try:
+        own = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        return f"its signature cannot be inspected ({exc})"
+    names = tuple(signature.parameters)
+    required = [n for n, p in signature.parameters.items() if p.default is inspect.Parameter.empty]
+    placeholders = [object()] * len(names)
+    try:
+        own.bind(*placeholders)
+    except TypeError as exc:
+        return f"it cannot be called with {len(placeholders)} positional arguments ({exc})"
+    optional = {name: object() for name in names if name not in required}
+    try:
+        own.bind(*placeholders[: len(required)], **optional)
+    except TypeError as exc:
+        return f"its optional parameters are not named as in the contract ({exc})"
+    return None
 
 
 STANDARD_TOLERANCES: Mapping[torch.dtype, Tolerance] = {

@@ -12,7 +12,7 @@ contract's own cases, so a new attribute or a new in-place result cannot be miss
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -34,6 +34,7 @@ class FieldType(StrEnum):
     OPTIONAL_INT = "int?"
     OPTIONAL_INT_LIST = "int[]?"
     BOOL = "bool"
+    OPTIONAL_BOOL = "bool?"
     STR = "str"
     DTYPE = "ScalarType"
 
@@ -61,10 +62,21 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LayerField:
-    """One attribute of the layer (``obj.<name>``) that an implementation may read."""
+    """One attribute of the layer (``obj.<name>``) that an implementation may read.
+
+    ``optional``: SGLang's layers do not all have it (the contract reads it with a default,
+    ``getattr(obj, name, default)``). A layer without it, or with it ``None``, passes ``None``
+    (the type is an optional one) and the stand-in the implementation gets lacks it, so the
+    contract's default applies as in eager mode.
+    """
 
     name: str
     type: FieldType
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if self.optional and not self.type.endswith("?"):
+            raise ValueError(f"optional layer field {self.name!r} needs an optional type")
 
 
 @dataclass(frozen=True)
@@ -82,10 +94,18 @@ class GraphSpec:
     # For an op that returns one tensor alone or a pair (rms_norm without or with ``residual``):
     # the argument the second output is written into, so the custom op always returns one.
     second_output_into: str | None = None
+    # Outputs that are arguments written in place (output index -> argument, which ``mutates``
+    # names): the custom op does not return them (no copy of a KV or state pool per call), the
+    # call returns the arguments themselves.
+    in_place_outputs: Mapping[int, str] = field(default_factory=dict)
 
 
 def _fields(**types: FieldType) -> tuple[LayerField, ...]:
     return tuple(LayerField(name, field_type) for name, field_type in types.items())
+
+
+def _optional(**types: FieldType) -> tuple[LayerField, ...]:
+    return tuple(LayerField(name, field_type, optional=True) for name, field_type in types.items())
 
 
 def _fused_moe_fake(
@@ -106,6 +126,53 @@ def _attention_fake(
 ) -> torch.Tensor:
     """``[num_tokens, heads, v_head_dim]`` in ``q``'s dtype: the references read lengths."""
     return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
+
+
+def _conv_update_fake(
+    obj: Any, x: torch.Tensor, conv_state: torch.Tensor, *rest: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, conv_state)``, ``out`` as ``x``: the reference reads the state indices."""
+    return x.new_empty(x.shape), conv_state
+
+
+def _packed_decode_fake(
+    obj: Any,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    out: torch.Tensor,
+    *rest: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both outputs are arguments written in place (the reference reads the indices)."""
+    return out, initial_state
+
+
+def _sigmoid_update_fake(
+    obj: Any,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    softplus_beta: float,
+    softplus_threshold: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: torch.Tensor,
+    initial_state_source: torch.Tensor,
+    *rest: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, initial_state_source)``, ``o`` ``[B, T, HV, V]`` in ``q``'s dtype."""
+    return q.new_empty(v.shape), initial_state_source
+
+
+def _track_fake(
+    obj: Any, conv_states: torch.Tensor, ssm_states: torch.Tensor, *rest: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return conv_states, ssm_states
 
 
 F = FieldType
@@ -162,33 +229,70 @@ GRAPH_SPECS: Mapping[str, GraphSpec] = MappingProxyType(
         ),
         "fused_moe": GraphSpec(_fields(num_experts=F.INT), fake=_fused_moe_fake),
         "fused_gate_sigmoid_mul": GraphSpec(None, mutates=("addend",)),
-        "store_kv_cache": GraphSpec(_fields(), mutates=("k_cache", "v_cache")),
+        "store_kv_cache": GraphSpec(
+            _fields(),
+            mutates=("k_cache", "v_cache"),
+            in_place_outputs={0: "k_cache", 1: "v_cache"},
+        ),
         "decode_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
         "extend_attention": GraphSpec(_ATTENTION, fake=_attention_fake),
+        # The gated-delta-rule functions of a decode step (SGLang's graph runners capture
+        # decode): pooled states are written in place and returned as the arguments.
+        "fused_qkvzba_split_reshape_cat": GraphSpec(None),
+        "fused_qkvzba_split_reshape_cat_contiguous": GraphSpec(None),
+        "causal_conv1d_update": GraphSpec(
+            None,
+            mutates=("conv_state",),
+            fake=_conv_update_fake,
+            in_place_outputs={1: "conv_state"},
+        ),
+        "fused_gdn_gating": GraphSpec(None),
+        "fused_recurrent_gated_delta_rule_packed_decode": GraphSpec(
+            None,
+            mutates=("initial_state", "out"),
+            fake=_packed_decode_fake,
+            in_place_outputs={0: "out", 1: "initial_state"},
+        ),
+        "fused_sigmoid_gating_delta_rule_update": GraphSpec(
+            None,
+            mutates=("initial_state_source",),
+            fake=_sigmoid_update_fake,
+            in_place_outputs={1: "initial_state_source"},
+        ),
+        # SGLang's FusedRMSNormGated has no norm_before_gate or group_size, layernorm_gated's
+        # RMSNorm no hidden_size.
+        "rms_norm_gated": GraphSpec(
+            (
+                *_fields(weight=F.TENSOR, eps=F.FLOAT, activation=F.STR),
+                *_optional(
+                    norm_before_gate=F.OPTIONAL_BOOL,
+                    group_size=F.OPTIONAL_INT,
+                    hidden_size=F.OPTIONAL_INT,
+                ),
+            )
+        ),
+        "track_mamba_states": GraphSpec(
+            None,
+            mutates=("conv_states", "ssm_states"),
+            fake=_track_fake,
+            in_place_outputs={0: "conv_states", 1: "ssm_states"},
+        ),
     }
 )
 
 # Standard ops with no custom-op form yet, and why: they are routed only as SGLang kernel
 # functions (integrations/sglang/linear_attention.py), which never wrap them as custom ops.
-_GDN = (
-    "gated-delta-rule family: SGLang runs its GDN path eagerly (no compiled or captured graph on "
-    "the platforms sglang-fl serves it on), and the references read index values on the host"
+_PREFILL = (
+    "a gated-delta-rule prefill function: SGLang's graph runners capture decode steps only, "
+    "so it never runs inside a compiled or captured step"
 )
 WITHOUT_GRAPH_SPEC: Mapping[str, str] = MappingProxyType(
     {
-        op: _GDN
+        op: _PREFILL
         for op in (
-            "fused_qkvzba_split_reshape_cat",
-            "fused_qkvzba_split_reshape_cat_contiguous",
             "causal_conv1d_fn",
-            "causal_conv1d_update",
-            "fused_gdn_gating",
             "chunk_gated_delta_rule",
             "fused_recurrent_gated_delta_rule",
-            "fused_recurrent_gated_delta_rule_packed_decode",
-            "fused_sigmoid_gating_delta_rule_update",
-            "rms_norm_gated",
-            "track_mamba_states",
         )
     }
     | {

@@ -29,6 +29,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             kind=BackendImplKind.REFERENCE,
             fn=contract.reference,
             priority=BackendPriority.REFERENCE,
+            planner=None if contract.plan_stage is None else contract.plan_stage.reference_planner,
+            graph_problems=contract.reference_graph_problems or None,
         )
         for contract in STANDARD_OPS.values()
     )

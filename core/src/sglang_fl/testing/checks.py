@@ -8,6 +8,7 @@ returns an :class:`Outcome`; a failure's message names vendor, op, case, dtype a
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +28,7 @@ from ..errors import Unsupported
 from ..loader import PluginRecord, PluginStatus
 from ..ops import STANDARD_OPS, OpCase, OpContract, OpInputs, Tolerance, get_contract
 from ..runtime import Runtime, get_runtime
+from .plans import host_read, plan_problems, planner_of
 
 __all__ = [
     "FAILED",
@@ -37,6 +39,7 @@ __all__ = [
     "Outcome",
     "check_case",
     "check_collective",
+    "check_plan",
     "check_plugin",
     "check_signature",
     "compare",
@@ -159,6 +162,15 @@ def check_case(
         )
     inputs = _make_inputs(contract, case, dtype, device)
     expected_inputs = _make_inputs(contract, case, dtype, reference_device or device)
+    if contract.plan_stage is not None:
+        try:
+            inputs = _planned_by(impl, contract, inputs)
+        except Exception as exc:
+            return Outcome(
+                FAILED,
+                f"{where}: its planner raised {type(exc).__name__}: {exc}\n"
+                f"{traceback.format_exc()}",
+            )
     before = _snapshot(contract, inputs)
     try:
         args, kwargs = call_arguments(contract, impl, inputs)
@@ -190,6 +202,14 @@ def check_case(
     problems += _in_place_problems(contract, inputs, got, want, contract.tolerance(dtype))
     untouched = _changed(contract, inputs, before, _preserved_names(inputs))
     problems += [f"input {name} was modified; it must stay untouched" for name in untouched]
+    if contract.plan_stage is not None and not problems:
+        read = host_read(impl.fn, inputs.obj, inputs.args)
+        if read is not None:
+            problems.append(
+                f"the per-layer call reads a device value on the host: {read}; it must take "
+                "what the host needs from the plan (a pipeline stall per layer eagerly, an "
+                "error under graph capture)"
+            )
     if problems:
         return Outcome(FAILED, f"{where}:\n  " + "\n  ".join(problems))
     return Outcome(PASSED)
@@ -205,6 +225,34 @@ def call_arguments(
     weights = tuple(inputs.argument(name, contract.signature) for name in contract.weights)
     prepared = prepared_weights(contract, impl, inputs.obj, weights)
     return with_weights(contract, inputs.args, inputs.kwargs, prepared)
+
+
+def check_plan(impl: OpImpl, case: OpCase, device: str = "cpu") -> Outcome:
+    """A planned op's planner on one case: its plan holds the default plan's values, and a
+    graph-mode plan (when the planner claims a graph mode) updates in place for the next
+    batch (:mod:`.plans`)."""
+    contract = get_contract(impl.op_name)
+    where = f"{describe(impl)}, case {case.name!r}, device {device}"
+    if contract.plan_stage is None:
+        return Outcome(FAILED, f"{where}: op {impl.op_name!r} has no plan stage")
+    inputs = _make_inputs(contract, case, contract.dtypes[0], device)
+    try:
+        problems = list(plan_problems(impl, contract, inputs))
+    except Exception as exc:
+        return Outcome(
+            FAILED,
+            f"{where}: planning raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+        )
+    if problems:
+        return Outcome(FAILED, f"{where}:\n  " + "\n  ".join(problems))
+    return Outcome(PASSED)
+
+
+def _planned_by(impl: OpImpl, contract: OpContract, inputs: OpInputs) -> OpInputs:
+    """``inputs`` with the reference's plan replaced by ``impl``'s planner's."""
+    *tensors, _ = inputs.args
+    plan = planner_of(impl, contract).plan(inputs.batch)
+    return dataclasses.replace(inputs, args=(*tensors, plan))
 
 
 # -- planning -------------------------------------------------------------------------------------
@@ -353,6 +401,9 @@ def _impl_checks(impl: OpImpl, label: str, device: str) -> Iterator[Check]:
         return
     for case, dtype, case_id in contract_grid(impl.op_name):
         yield Check(f"{label}/{case_id}", _bind(check_case, impl, case, dtype, device))
+    if get_contract(impl.op_name).plan_stage is not None:
+        for case in get_contract(impl.op_name).cases:
+            yield Check(f"{label}/plan/{case.name}", _bind(check_plan, impl, case, device))
 
 
 def contract_grid(op: str) -> Iterator[tuple[OpCase, torch.dtype, str]]:

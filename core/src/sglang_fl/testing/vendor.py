@@ -14,6 +14,10 @@ plugin; a vendor's test module builds one at its top::
         outcome = check_case(SUITE.implementations[op], case, dtype)
         ...
 
+    @pytest.mark.parametrize(("op", "case"), SUITE.plan_cases())
+    def test_plan(my_sdk, op, case):  # the attention ops' planner, graph-mode plans included
+        assert check_plan(SUITE.implementations[op], case).status == PASSED
+
     def test_every_op_says_why_my_chip_is_not_used():
         decisions = SUITE.cli("ops", "--json")["ops"]
         SUITE.assert_unused(decisions, NO_KERNEL, because="no my_chip device visible")
@@ -141,6 +145,18 @@ class VendorSuite:
             for op in self.implementations
             if STANDARD_OPS[op].collective is None
             for case, dtype, case_id in contract_grid(op)
+        ]
+
+    def plan_cases(self) -> list[ParameterSet]:
+        """``(op, case)`` pytest params for :func:`~sglang_fl.testing.checks.check_plan`: every
+        case of every planned op implemented (the attention ops), ids ``<op>/plan/<case>``."""
+        import pytest
+
+        return [
+            pytest.param(op, case, id=f"{op}/plan/{case.name}")
+            for op in self.implementations
+            if STANDARD_OPS[op].plan_stage is not None
+            for case in STANDARD_OPS[op].cases
         ]
 
     # -- the installed wheel, met in a fresh interpreter ------------------------------------

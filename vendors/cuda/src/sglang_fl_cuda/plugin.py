@@ -17,6 +17,7 @@ from .backend import (
 from .impl import causal_conv, collectives
 from .impl.activation import gelu_and_mul, silu_and_mul
 from .impl.attention import NO_KERNEL as ATTENTION_NO_KERNEL
+from .impl.attention import PLANNER as ATTENTION_PLANNER
 from .impl.attention import decode_attention, extend_attention
 from .impl.linear_attention import ADAPTERS as LINEAR_ATTENTION
 from .impl.linear_attention import NO_KERNEL as LINEAR_ATTENTION_NO_KERNEL
@@ -60,7 +61,8 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
     # FlashAttention-3 (sgl_kernel.flash_attn): the same vendor, probed on its own.
     registry.register_many(
         FlashAttnBackend().implementations(
-            {"decode_attention": decode_attention, "extend_attention": extend_attention}
+            {"decode_attention": decode_attention, "extend_attention": extend_attention},
+            planner=ATTENTION_PLANNER,
         )
     )
     # SGLang's own Triton GDN kernels: the same vendor, probed on their own (no sgl_kernel).

@@ -35,13 +35,18 @@ class Backend(abc.ABC):
         *,
         impl_id: str | None = None,
         priority: int = BackendPriority.VENDOR,
+        planner: Any = None,
     ) -> list[OpImpl]:
         """One vendor :class:`OpImpl` per ``op name -> function``, probed by :meth:`is_available`.
 
         The functions are registered as they are (no wrapper), so the bound callable SGLang
         calls is the kernel adapter itself. A :class:`PreparedKernel` value brings the
         adapter's weight-preparation step along (ops with weights: the quantized ones).
+        ``planner`` (an :class:`~sglang_fl.ops.attention.plan.AttentionPlanner`) plans for the
+        planned ops among them (the attention ops); the others take none.
         """
+        from ...ops import STANDARD_OPS
+
         return [
             OpImpl(
                 op_name=op_name,
@@ -52,9 +57,15 @@ class Backend(abc.ABC):
                 priority=priority,
                 available=self.is_available,
                 prepare=adapter.prepare if isinstance(adapter, PreparedKernel) else None,
+                planner=planner if _planned(STANDARD_OPS, op_name) else None,
             )
             for op_name, adapter in functions.items()
         ]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _planned(ops: Mapping[str, Any], op_name: str) -> bool:
+    contract = ops.get(op_name)
+    return contract is not None and contract.plan_stage is not None

@@ -9,13 +9,21 @@ to ``--attention-backend``'s choices (``arg_groups/choices.py``
 :func:`create_backend` builds is a policy selection (:mod:`.backend_selection`): this
 kernel-based backend, or a whole backend a vendor offers through ``sglang_fl_attention_backend``.
 
-Per forward, :meth:`SglangFlAttnBackend.init_forward_metadata` collects the batch's tensors
-once (the sliding-window slot translation included, as ``torch_native`` does). Per layer, on
-its first call, each op is resolved (once per process) and bound through the layer routing's
-seam (:meth:`~sglang_fl.integrations.routing.LayerRouter.bind`: the op's fallback chain, whose
+Each op is resolved once, when the backend is built; the decode and extend ops' candidates
+bring their planners (:mod:`.attention_plans`). Per forward,
+:meth:`SglangFlAttnBackend.init_forward_metadata` describes the batch once and plans it (the
+sliding-window slot translation included, as ``torch_native`` does). Per layer, on its first
+call, each op is bound through the layer routing's seam
+(:meth:`~sglang_fl.integrations.routing.LayerRouter.bind`: the op's fallback chain, whose
 declines are ``fallback`` records, custom ops and verify mode apply), and the dispatch report
-gets one ``layer`` record per layer and op. A call then only passes tensors: no policy read,
-no registry lookup.
+gets one ``layer`` record per layer and op. A call then only passes tensors and the plan: no
+policy read, no registry lookup, no host read.
+
+Graph runners: SGLang's CPU graph runner (``--enable-torch-compile``) and CUDA graphs. The
+plans then live in buffers allocated once for the runner's largest batch and updated in place
+before each step; before anything is captured, :meth:`SglangFlAttnBackend.graph_problem`
+asks every planner (and the KV pool) whether the runner's graph mode can replay it, and the
+runner is refused with the reasons otherwise.
 
 What the ops do not cover is handed to SGLang's own ``torch_native`` backend, reported once
 per reason: cross-attention and encoder-decoder batches, and KV pools whose layout the store
@@ -29,19 +37,29 @@ once per op; under strict mode the first candidate's decline is already an error
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
+from ...dispatch.binder import FallbackChain
 from ...dispatch.resolve import Resolution
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
-from ...errors import NoImplementationError, StrictModeError, Unsupported
+from ...errors import GraphModeRefused, NoImplementationError, StrictModeError, Unsupported
 from ...guard import exception_text
 from ...ops.attention import NO_WINDOW, attention_layer
+from ...ops.attention.plan import (
+    AttentionBatch,
+    AttentionPlan,
+    ForwardKind,
+    GraphMode,
+    PlanCapacity,
+)
 from ...runtime import Runtime, get_runtime
 from ..routing import Bridge, Forward, Handoff, LayerRouter, qualname
+from .attention_plans import BackendPlans, forward_batch_of
 from .backend_selection import BACKEND_NAME, build_backend
 from .router import get_router
 
@@ -63,16 +81,16 @@ class AttentionOp:
     DECODE = "decode_attention"
     EXTEND = "extend_attention"
     ALL = (STORE, DECODE, EXTEND)
+    PLANNED: Mapping[str, ForwardKind] = MappingProxyType(
+        {DECODE: ForwardKind.DECODE, EXTEND: ForwardKind.EXTEND}
+    )
 
 
 @dataclass(frozen=True)
 class ForwardMetadata:
-    """What every layer of one forward reads, collected once in ``init_forward_metadata``."""
+    """What every layer of one forward reads, made once in ``init_forward_metadata``."""
 
-    req_pool_indices: torch.Tensor
-    seq_lens: torch.Tensor
-    extend_prefix_lens: torch.Tensor | None
-    extend_seq_lens: torch.Tensor | None
+    plan: AttentionPlan | None  # the chosen implementation's plan (None: no op bound)
     out_cache_loc: torch.Tensor | None
     swa_out_cache_loc: torch.Tensor | None  # full->SWA translated slots (hybrid SWA pools)
 
@@ -122,9 +140,11 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
     """SGLang's attention backend running sglang-fl's attention ops (see the module doc)."""
 
     def __init__(self, model_runner: Any, router: LayerRouter) -> None:
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
         super().__init__()
+        self._kv_write_loc = KVWriteLoc
         self.model_runner = model_runner
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -143,25 +163,30 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         self._reported: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
         self.store_problem = _pool_store_problem(pool)
+        self.plans = BackendPlans()
+        self._chains: dict[str, FallbackChain] = {}
+        for op_name, kind in AttentionOp.PLANNED.items():
+            resolution = self._resolution(op_name)
+            if resolution is not None:
+                self._chains[op_name] = self.plans.chain(
+                    kind, resolution, router.report.report_decline
+                )
 
     # --- per forward ------------------------------------------------------------------------
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
-        """Collect the batch's tensors once for all layers (torch_native's SWA translation)."""
-        out_cache_loc = forward_batch.out_cache_loc
+        """Plan the batch once for all layers (a graph step's plan in place); translate the
+        new tokens' slots for a sliding-window pool (as torch_native does)."""
+        batch = forward_batch_of(forward_batch, self.req_to_token_pool.req_to_token, self.page_size)
+        self._set_metadata(self.plans.plan(batch), forward_batch.out_cache_loc)
+        if self._torch_native is not None:
+            self._torch_native.init_forward_metadata(forward_batch)
+
+    def _set_metadata(self, plan: AttentionPlan | None, out_cache_loc: Any) -> None:
         swa_loc = None
         if self.use_sliding_window_kv_pool and out_cache_loc is not None:
             swa_loc = self.token_to_kv_pool.translate_loc_from_full_to_swa(out_cache_loc)
-        self.forward_metadata = ForwardMetadata(
-            req_pool_indices=forward_batch.req_pool_indices,
-            seq_lens=forward_batch.seq_lens,
-            extend_prefix_lens=forward_batch.extend_prefix_lens,
-            extend_seq_lens=forward_batch.extend_seq_lens,
-            out_cache_loc=out_cache_loc,
-            swa_out_cache_loc=swa_loc,
-        )
-        if self._torch_native is not None:
-            self._torch_native.init_forward_metadata(forward_batch)
+        self.forward_metadata = ForwardMetadata(plan, out_cache_loc, swa_loc)
 
     def forward_extend(
         self,
@@ -215,14 +240,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             q.reshape(-1, heads, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token,
-            md.req_pool_indices,
-            md.seq_lens,
+            md.plan,
         ]
-        if op_name == AttentionOp.EXTEND:
-            args += [md.extend_prefix_lens, md.extend_seq_lens]
         try:
-            out: torch.Tensor = kernel(*args, self.page_size)
+            out: torch.Tensor = kernel(*args)
         except Unsupported as exc:  # every allowed candidate declined: torch_native runs it
             native = self._declined(op_name, exc)
             # The new K/V are already stored.
@@ -259,19 +280,103 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
 
     # --- graph runners ----------------------------------------------------------------------
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        raise NotImplementedError(
-            "the sglang_fl attention backend runs eagerly: its kernels come from vendor wheels "
-            "that declare nothing about graph capture (the per-request lengths are read on the "
-            "host); start SGLang with --disable-cuda-graph, or choose the vendor's own backend"
+    def graph_problem(self, mode: GraphMode) -> str | None:
+        """Why a ``mode`` graph runner cannot replay this backend's decode step, or ``None``:
+        what each decode candidate's planner declares, and what every other implementation
+        bound in this process so far declares (those bound later are checked as they bind:
+        ``Runtime.bound``)."""
+        problems = self.plans.problems(mode, (ForwardKind.DECODE,))
+        problems += self.runtime.graph_problems(mode, skip=AttentionOp.PLANNED)
+        if AttentionOp.DECODE not in self._chains:
+            problems.append(self._no_impl[AttentionOp.DECODE])
+        if mode is GraphMode.COMPILED and not self.runtime.config.custom_ops:
+            problems.append(
+                "SGLANG_FL_CUSTOM_OPS=0: the attention kernels would be traced into the "
+                "compiled step (their per-request loops) instead of running as custom ops"
+            )
+        return "; ".join(problems) or None
+
+    def _graph_state(self, mode: GraphMode, max_bs: int, max_num_tokens: int) -> None:
+        problem = self.graph_problem(mode)
+        if problem is not None:
+            raise GraphModeRefused(
+                f"the sglang_fl attention backend cannot run under a {mode} graph runner: {problem}"
+            )
+        capacity = PlanCapacity(
+            kind=ForwardKind.DECODE,
+            max_batch=max_bs,
+            max_tokens=max_num_tokens,
+            max_context=self.req_to_token_pool.req_to_token.shape[1],
+            page_size=self.page_size,
+            device=torch.device(self.device),
+        )
+        self.plans.allocate(capacity)
+        self.runtime.enter_graph_mode(mode)
+        self.report.emit(
+            ReportEvent.GRAPH_STATE,
+            runner=Runner.SGLANG_FL,
+            attention_backend=BACKEND_NAME,
+            mode=str(mode),
+            max_bs=max_bs,
+            max_context=capacity.max_context,
+            # decode_attention's candidates, grouped by the plan they share
+            plans=list(self.plans.owners.get(ForwardKind.DECODE, {}).values()),
         )
 
+    @staticmethod
+    def _decode_only(forward_mode: Any) -> None:
+        if not forward_mode.is_decode_or_idle():
+            raise GraphModeRefused(
+                f"the sglang_fl attention backend captures decode steps only, not {forward_mode}"
+            )
+
+    # SGLang's CPU graph runner (--enable-torch-compile on the CPU)
+
     def init_cpu_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        raise NotImplementedError(
-            "the sglang_fl attention backend does not run under SGLang's CPU graph runner "
-            "(--enable-torch-compile on CPU needs sgl_kernel's AMX ops, which sglang-fl's CPU "
-            "platform does not use); run without --enable-torch-compile"
+        self._graph_state(GraphMode.COMPILED, max_bs, max_num_tokens)
+
+    def get_cpu_graph_seq_len_fill_value(self) -> int:
+        return 1  # a padding row attends to one key, in the padding slot
+
+    def init_forward_metadata_capture_cpu_graph(
+        self,
+        bs: int,
+        num_tokens: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        encoder_lens: torch.Tensor | None,
+        forward_mode: Any,
+        spec_info: Any,
+    ) -> None:
+        self._decode_only(forward_mode)
+        batch = AttentionBatch.decode(
+            self.req_to_token_pool.req_to_token, req_pool_indices, seq_lens, self.page_size
         )
+        self._set_metadata(self.plans.plan(batch), out_cache_loc)
+
+    # CUDA graphs (SGLang 0.5.23's graph-runner interface)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self._graph_state(GraphMode.CAPTURED, max_bs, max_num_tokens)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+        """The host side of a graph step's plans, outside the capture (every replay too)."""
+        self._decode_only(forward_batch.forward_mode)
+        batch = forward_batch_of(forward_batch, self.req_to_token_pool.req_to_token, self.page_size)
+        if self.plans.graph is None or not self.plans.graph.serves(batch):
+            raise AssertionError("init_cuda_graph_state did not allocate plans for this batch")
+        self.plans.update(batch)
+        self._graph_step = batch
+        head = self.plans.head_plan(ForwardKind.DECODE)
+        self._set_metadata(head, forward_batch.out_cache_loc)
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+        """The device side: recorded into the graph and recomputed at every replay."""
+        self.plans.record(self._graph_step)
 
     # --- binding, once per layer ------------------------------------------------------------
 
@@ -344,7 +449,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
     def _bind_op(self, layer: Any, op_name: str, stand_in: Any, resolution: Resolution) -> Forward:
         bridge = _OpBridge(op_name, stand_in)
         label = _op_label(layer, op_name)  # a verify budget per op, not one shared by the class
-        return self.router.bind(layer, bridge, resolution, _unreachable(op_name), label)
+        chain = self._chains.get(op_name)  # planned ops: this backend's plans per candidate
+        return self.router.bind(
+            layer, bridge, resolution, _unreachable(op_name), label, chain=chain
+        )
 
     # --- the store step ---------------------------------------------------------------------
 
@@ -356,12 +464,10 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> None:
-        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
         loc = md.out_cache_loc
         pool = self.token_to_kv_pool
         if kernels.store is None:
-            pool.set_kv_buffer(layer, KVWriteLoc(loc, md.swa_out_cache_loc), k, v)
+            pool.set_kv_buffer(layer, self._kv_write_loc(loc, md.swa_out_cache_loc), k, v)
             return
         if self.use_sliding_window_kv_pool and pool.layers_mapping[layer.layer_id][1]:
             loc = md.swa_out_cache_loc
@@ -375,7 +481,9 @@ class SglangFlAttnBackend:  # the AttentionBackend base is mixed in by create_ba
             )
         except Unsupported as exc:  # every allowed candidate declined: the pool writes it
             self._declined(AttentionOp.STORE, exc)
-            pool.set_kv_buffer(layer, KVWriteLoc(md.out_cache_loc, md.swa_out_cache_loc), k, v)
+            pool.set_kv_buffer(
+                layer, self._kv_write_loc(md.out_cache_loc, md.swa_out_cache_loc), k, v
+            )
 
     # --- SGLang's own backend, for what the ops do not cover ---------------------------------
 

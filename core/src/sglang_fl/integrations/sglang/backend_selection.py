@@ -1,4 +1,4 @@
-"""Which SGLang attention backend serves ``--attention-backend sglang_fl``: a policy selection.
+"""Which SGLang attention backend (and graph runner) serves: policy selections among offers.
 
 The candidates of the selection :data:`~sglang_fl.ops.attention.SGLANG_ATTENTION_BACKEND` are
 sglang-fl's kernel-based backend (:data:`REFERENCE_IMPL_ID`, kind ``reference``, core's) and one
@@ -17,6 +17,11 @@ raises (any ``BaseException`` but an interrupt), does not return within
 the next candidate is built, down to the kernel-based backend; under ``SGLANG_FL_STRICT=1`` it
 is a :class:`~sglang_fl.errors.StrictModeError` naming the vendor. One ``attention_backend``
 record per model runner says which backend served and why.
+
+The decode graph runner of a platform sglang-fl provides is the same kind of selection
+(:data:`GRAPH_RUNNER`: ``sglang_fl_graph_runner`` offers against sglang-fl's own runner); an
+:class:`OfferSelection` names what differs, and :func:`candidates` and :func:`select` serve
+both (``integrations/sglang/graph_runner.py`` builds the runner).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ...dispatch.types import BackendImplKind, OpImpl, Provenance
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import (
     ContractViolationError,
+    GraphModeRefused,
     NoImplementationError,
     RegistrationError,
     StrictModeError,
@@ -46,22 +52,120 @@ from ...errors import (
 from ...guard import call_plugin_code, describe_exception, safe_repr
 from ...loader import call_plugin_hook
 from ...ops.attention import SGLANG_ATTENTION_BACKEND, SglangAttentionBackendOffer
+from ...ops.attention.plan import GraphMode
+from ...ops.graph_runner import SGLANG_GRAPH_RUNNER, SglangGraphRunnerOffer
 from ...runtime import Runtime
 from ...schema import impl_fields
 
 __all__ = [
+    "ATTENTION_BACKEND",
+    "GRAPH_RUNNER",
     "HOOK",
     "REFERENCE_IMPL_ID",
     "OfferProblem",
+    "OfferSelection",
     "build_backend",
+    "cached_select",
     "candidates",
+    "graph_problem",
     "select",
+    "selection_named",
 ]
 
 _log = logging.getLogger(__name__)
 HOOK = "sglang_fl_attention_backend"
 REFERENCE_IMPL_ID = "reference.sglang_fl_attention"
 BACKEND_NAME = "sglang_fl"  # the name SGLang knows the backend by (--attention-backend)
+
+
+@dataclass(frozen=True)
+class OfferSelection:
+    """One selection among whole things plugins offer: what the hook is, what it returns, how
+    its candidates are named. ``adapt`` turns a checked offer into its candidate (``None``: the
+    offer's factory as it is); it runs with the hook, bounded, and raises
+    :class:`~sglang_fl.errors.RegistrationError` for an offer it refuses."""
+
+    name: str  # the selection (``ops.SELECTIONS``): per_op key, explain argument, record op
+    hook: str
+    offer_type: type
+    what: str  # "attention backend": in messages
+    suffix: str  # a vendor candidate is ``vendor.<plugin>.<suffix>``
+    reference_impl_id: str
+    adapt: Callable[[Any, OpImpl], OpImpl] | None = None
+
+    def impl_id(self, plugin: str) -> str:
+        return f"{BackendImplKind.VENDOR}.{plugin}.{self.suffix}"
+
+    def reference(self, build: Callable[..., Any]) -> OpImpl:
+        """sglang-fl's own candidate, built by ``build``."""
+        impl = OpImpl(
+            op_name=self.name,
+            impl_id=self.reference_impl_id,
+            kind=BackendImplKind.REFERENCE,
+            fn=build,
+        )
+        return impl.with_provenance(Provenance(REFERENCE_PLUGIN, CORE_DISTRIBUTION, __version__))
+
+
+ATTENTION_BACKEND = OfferSelection(
+    name=SGLANG_ATTENTION_BACKEND,
+    hook=HOOK,
+    offer_type=SglangAttentionBackendOffer,
+    what="attention backend",
+    suffix="attention_backend",
+    reference_impl_id=REFERENCE_IMPL_ID,
+)
+
+
+def graph_problem(attn_backend: Any, mode: GraphMode) -> str | None:
+    """Why ``attn_backend`` cannot serve a ``mode`` graph runner, or ``None``.
+
+    sglang-fl's attention backend answers for its kernels; a wrapper (SGLang's hybrid
+    linear-attention backend) for each backend it wraps; another backend is asked nothing here
+    (SGLang's own checks apply).
+    """
+    ask: Callable[[GraphMode], str | None] | None = getattr(attn_backend, "graph_problem", None)
+    if ask is not None:
+        return ask(mode)
+    wrapped = getattr(attn_backend, "attn_backend_list", None) or ()
+    problems = [p for p in (graph_problem(b, mode) for b in wrapped) if p is not None]
+    return "; ".join(problems) or None
+
+
+def _graph_runner_candidate(offer: Any, impl: OpImpl) -> OpImpl:
+    """A graph runner offer's candidate: its factory, asking the attention backend first
+    whether it can run in the offer's graph mode (the candidate fails, reported, if not)."""
+    mode = offer.mode
+    if not isinstance(mode, GraphMode):
+        allowed = ", ".join(GraphMode)
+        raise RegistrationError(f"its mode={safe_repr(mode)}; expected a GraphMode ({allowed})")
+    factory = impl.fn
+
+    def build(model_runner: Any, **options: Any) -> Any:
+        problem = graph_problem(model_runner.attn_backend, mode)
+        if problem is not None:
+            raise GraphModeRefused(f"the attention backend refuses {mode} graphs: {problem}")
+        return factory(model_runner, **options)
+
+    return dataclasses.replace(impl, fn=build)
+
+
+GRAPH_RUNNER = OfferSelection(
+    name=SGLANG_GRAPH_RUNNER,
+    hook="sglang_fl_graph_runner",
+    offer_type=SglangGraphRunnerOffer,
+    what="graph runner",
+    suffix="graph_runner",
+    reference_impl_id="reference.sglang_graph_runner",
+    adapt=_graph_runner_candidate,
+)
+
+_SELECTIONS = {selection.name: selection for selection in (ATTENTION_BACKEND, GRAPH_RUNNER)}
+
+
+def selection_named(name: str) -> OfferSelection | None:
+    """The offer selection called ``name`` (``ops.SELECTIONS``), or ``None``."""
+    return _SELECTIONS.get(name)
 
 
 @dataclass(frozen=True)
@@ -72,71 +176,67 @@ class OfferProblem:
     problem: str
 
 
-def _impl_id(plugin: str) -> str:
-    return f"{BackendImplKind.VENDOR}.{plugin}.attention_backend"
-
-
 def _reference(build_kernel_backend: Callable[[Any], Any]) -> OpImpl:
-    impl = OpImpl(
-        op_name=SGLANG_ATTENTION_BACKEND,
-        impl_id=REFERENCE_IMPL_ID,
-        kind=BackendImplKind.REFERENCE,
-        fn=build_kernel_backend,
-    )
-    return impl.with_provenance(Provenance(REFERENCE_PLUGIN, CORE_DISTRIBUTION, __version__))
+    return ATTENTION_BACKEND.reference(build_kernel_backend)
 
 
-def _offer_of(runtime: Runtime, plugin: str) -> tuple[OpImpl | None, str | None]:
+def _offer_of(
+    runtime: Runtime, plugin: str, selection: OfferSelection
+) -> tuple[OpImpl | None, str | None]:
     """The plugin's offer as a checked candidate, ``(None, None)`` for no offer, or why not.
 
     The hook and the checks of its answer (which read the plugin's objects) run together in
     one bounded worker.
     """
+    hook_name = selection.hook
     pm = runtime.plugin_manager
     timeout = runtime.config.plugin_timeout
 
     def ask() -> OpImpl | None:
-        answers = call_plugin_hook(pm, pm.get_plugin(plugin), HOOK)
+        answers = call_plugin_hook(pm, pm.get_plugin(plugin), hook_name)
         offered = [a for a in (answers or []) if a is not None]  # pluggy: a list per call
         if not offered:
             return None
-        return offered_candidate(
+        impl = offered_candidate(
             offered[0],
-            SglangAttentionBackendOffer,
-            selection=SGLANG_ATTENTION_BACKEND,
-            impl_id=_impl_id(plugin),
+            selection.offer_type,
+            selection=selection.name,
+            impl_id=selection.impl_id(plugin),
             vendor=plugin,
         )
+        return impl if selection.adapt is None else selection.adapt(offered[0], impl)
 
-    outcome = call_plugin_code(ask, what=f"{HOOK} of plugin {plugin!r}", timeout=timeout)
+    outcome = call_plugin_code(ask, what=f"{hook_name} of plugin {plugin!r}", timeout=timeout)
     if outcome.timed_out:
-        return None, f"{HOOK} did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT)"
+        return None, (f"{hook_name} did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT)")
     if isinstance(outcome.error, RegistrationError):  # the answer was checked and refused
-        return None, f"{HOOK} returned an unusable offer: {outcome.error}"
+        return None, f"{hook_name} returned an unusable offer: {outcome.error}"
     if outcome.error is not None:
-        return None, f"{HOOK} raised {describe_exception(outcome.error)}"
+        return None, f"{hook_name} raised {describe_exception(outcome.error)}"
     return outcome.value, None
 
 
 def candidates(
-    runtime: Runtime, build_kernel_backend: Callable[[Any], Any]
+    runtime: Runtime,
+    build_reference: Callable[..., Any],
+    selection: OfferSelection = ATTENTION_BACKEND,
 ) -> tuple[list[OpImpl], list[OfferProblem]]:
-    """The kernel-based backend and every plugin's offer, asked alone, in pluggy's order.
+    """sglang-fl's own candidate and every plugin's offer, asked alone, in pluggy's order.
 
     An offer is checked as an ``OpImpl`` registration is (:func:`offered_candidate`): one
     whose fields are wrong is refused with the reason (a rejected candidate), the others kept.
     """
-    found = [_reference(build_kernel_backend)]
+    found = [selection.reference(build_reference)]
     problems: list[OfferProblem] = []
-    hook = getattr(runtime.plugin_manager.hook, HOOK, None)
+    hook = getattr(runtime.plugin_manager.hook, selection.hook, None)
     for hookimpl in reversed(hook.get_hookimpls() if hook is not None else []):
         plugin = hookimpl.plugin_name
-        impl, problem = _offer_of(runtime, plugin)
+        impl, problem = _offer_of(runtime, plugin, selection)
         if problem is not None:
             if runtime.config.strict:
                 raise StrictModeError(f"SGLANG_FL_STRICT=1: plugin {plugin!r}: {problem}")
             _log.warning(
-                "sglang-fl: plugin %r: %s; it offers no attention backend", plugin, problem
+                "sglang-fl: plugin %r: %s; it offers no %s", plugin, problem, selection.what
             )
             problems.append(OfferProblem(plugin, problem))
             continue
@@ -145,18 +245,22 @@ def candidates(
     return found, problems
 
 
-def select(runtime: Runtime, build_kernel_backend: Callable[[Any], Any]) -> Resolution:
+def select(
+    runtime: Runtime,
+    build_reference: Callable[..., Any],
+    selection: OfferSelection = ATTENTION_BACKEND,
+) -> Resolution:
     """The selection's resolution; a hook that offered nothing usable is a rejected candidate.
 
     Raises :class:`NoImplementationError` when the policy leaves no candidate (a ``per_op``
     order naming only absent vendors), with the decision rejecting each.
     """
-    found, problems = candidates(runtime, build_kernel_backend)
+    found, problems = candidates(runtime, build_reference, selection)
     rejected = tuple(
         CandidateVerdict(
             OpImpl(
-                op_name=SGLANG_ATTENTION_BACKEND,
-                impl_id=_impl_id(p.plugin),
+                op_name=selection.name,
+                impl_id=selection.impl_id(p.plugin),
                 kind=BackendImplKind.VENDOR,
                 fn=_offered_nothing,
                 vendor=p.plugin,
@@ -167,7 +271,7 @@ def select(runtime: Runtime, build_kernel_backend: Callable[[Any], Any]) -> Reso
         for p in problems
     )
     try:
-        resolution = runtime.resolve_among(SGLANG_ATTENTION_BACKEND, found)
+        resolution = runtime.resolve_among(selection.name, found)
     except NoImplementationError as exc:
         decision = exc.decision
         if decision is not None and rejected:
@@ -188,23 +292,29 @@ def _provenance(runtime: Runtime, plugin: str) -> Provenance:
     return Provenance(plugin, record.distribution or "<unknown>", record.version or "")
 
 
-# Per runtime, dropped with it (a test's runtime; an id could be reused).
-_resolutions: weakref.WeakKeyDictionary[Runtime, Resolution | NoImplementationError] = (
+# Per runtime, dropped with it (a test's runtime; an id could be reused); per selection.
+_resolutions: weakref.WeakKeyDictionary[Runtime, dict[str, Resolution | NoImplementationError]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
 
 
-def _cached_select(runtime: Runtime, build_kernel_backend: Callable[[Any], Any]) -> Resolution:
-    """:func:`select` once per runtime (process): the hooks run once, not per model runner."""
+def cached_select(
+    runtime: Runtime,
+    build_reference: Callable[..., Any],
+    selection: OfferSelection = ATTENTION_BACKEND,
+) -> Resolution:
+    """:func:`select` once per runtime (process) and selection: the hooks run once, not per
+    model runner."""
     with _lock:
-        cached = _resolutions.get(runtime)
+        per_runtime = _resolutions.setdefault(runtime, {})
+        cached = per_runtime.get(selection.name)
         if cached is None:
             try:
-                cached = select(runtime, build_kernel_backend)
+                cached = select(runtime, build_reference, selection)
             except NoImplementationError as exc:
                 cached = exc
-            _resolutions[runtime] = cached
+            per_runtime[selection.name] = cached
     if isinstance(cached, NoImplementationError):
         raise cached
     return cached
@@ -229,7 +339,7 @@ def build_backend(
         "backend": BACKEND_NAME,
     }
     try:
-        resolution = _cached_select(runtime, build_kernel_backend)
+        resolution = cached_select(runtime, build_kernel_backend)
     except NoImplementationError as exc:
         if strict:
             raise

@@ -172,6 +172,8 @@ class CollectiveRouter:
             replaced = None if choice.problem is None else choice.local
             routed[op] = impl, replaced, choice.problem
         also = self._bind_tensor_dicts(coordinator, group, routed)
+        for op, (impl, _, _) in routed.items():  # a graph runner asks what each one declares
+            self.runtime.bound(op, impl)
         for op, (impl, replaced, why) in routed.items():
             self._emit(
                 group, op, impl, also_serves=also.get(op, []), fallback_from=replaced, reason=why

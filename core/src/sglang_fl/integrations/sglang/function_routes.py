@@ -24,6 +24,7 @@ from ...dispatch.types import BackendImplKind
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...graph import graph_safe
+from ...ops.graph_spec import GRAPH_SPECS
 from ...runtime import Runtime
 from ...verify import Verifier
 from .compat import SglangApi
@@ -69,15 +70,15 @@ def route_functions(
     routes: Sequence[FunctionRoute],
     hook_type: Any,
     *,
-    custom_ops: bool,
     verifier: Verifier | None = None,
 ) -> None:
     """Register a ``hook_type`` hook for each route whose op runs through sglang-fl.
 
-    ``custom_ops``: the ops have graph specs, so the bound chain is reachable under
+    An op with a graph spec (a decode step's function) is bound reachable under
     ``torch.compile`` when ``SGLANG_FL_CUSTOM_OPS`` asks for it (:func:`~sglang_fl.graph.
-    graph_safe`). ``verifier`` (the router's, so that a process has one) checks the routed
-    calls in verify mode.
+    graph_safe`); the others (prefill-only functions) never run in a compiled step.
+    ``verifier`` (the router's, so that a process has one) checks the routed calls in verify
+    mode.
     """
     triton_runs = triton_driver_active()
     for route in routes:
@@ -105,9 +106,10 @@ def route_functions(
                 **fields,
             )
             continue
+        runtime.bound(route.op_name, chosen)
         chain = resolution.bind(report_declines(report, route.target))
         fn = chain.fn
-        if custom_ops:
+        if route.op_name in GRAPH_SPECS:
             fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
         if verifier is not None:  # after graph_safe: it steps aside while dynamo traces
             fn = verifier.wrap(fn, chosen, route.target, chain=chain)

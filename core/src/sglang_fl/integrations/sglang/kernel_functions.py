@@ -68,12 +68,4 @@ def route_kernel_functions(
     api: SglangApi, runtime: Runtime, report: DispatchReport, verifier: Verifier | None = None
 ) -> None:
     """Register a ``REPLACE`` hook for each function whose op should run through sglang-fl."""
-    route_functions(
-        api,
-        runtime,
-        report,
-        FUNCTION_ROUTES,
-        api.hook_type_replace,
-        custom_ops=True,
-        verifier=verifier,
-    )
+    route_functions(api, runtime, report, FUNCTION_ROUTES, api.hook_type_replace, verifier=verifier)

@@ -15,7 +15,9 @@ decline per implementation and reason is a ``function`` record in the dispatch r
 who served instead); calls outside the contract (SGLang's speculative-decoding and KDA
 options, ``head_first``, a paged conv block table, the norm's fused residual) go to SGLang's
 own function. As for ``kernel_functions``, a route is left to SGLang where its Triton kernel
-runs here and only the reference implements the op.
+runs here and only the reference implements the op. The decode step's functions have graph
+specs: under ``torch.compile`` (SGLang's CPU graph runner) each is one ``sglang_fl::<op>``
+custom op, its pooled states written in place.
 """
 
 from __future__ import annotations
@@ -437,14 +439,6 @@ def route_linear_attention(
         api.hook_registry.register(
             PREPARE_FOR_DECODE, pageable_when_unpinnable, api.hook_type_around
         )
-    # Not wrapped by graph.graph_safe: these ops have no graph spec (torch.compile custom
-    # ops) yet; SGLang runs its GDN path eagerly outside CUDA graphs anyway.
-    route_functions(
-        api,
-        runtime,
-        report,
-        GDN_ROUTES,
-        api.hook_type_around,
-        custom_ops=False,
-        verifier=verifier,
-    )
+    # A decode step's functions are custom ops under torch.compile (SGLang's CPU graph runner
+    # compiles the decode step); the prefill-only ones never run compiled.
+    route_functions(api, runtime, report, GDN_ROUTES, api.hook_type_around, verifier=verifier)

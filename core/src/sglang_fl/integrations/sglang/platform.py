@@ -100,6 +100,16 @@ class SglangFlCpuPlatform(_platform_base()):  # type: ignore[misc]
         """sglang-fl's attention backend: the attention ops, run by the policy's kernels."""
         return "sglang_fl"  # attention_backend.BACKEND_NAME (no import: loaded by SGLang early)
 
+    def get_graph_runner_cls(self) -> type:
+        """``--enable-torch-compile``'s decode graph runner: the policy's choice between
+        SGLang's CPU graph runner made to run on sglang-fl's kernels and the runners plugins
+        offer (:mod:`.graph_runner`)."""
+        from .graph_runner import cpu_graph_runner_class, selected_graph_runner
+
+        return selected_graph_runner(
+            lambda model_runner, **options: cpu_graph_runner_class()(model_runner, **options)
+        )
+
     def init_backend(self) -> None:
         """Per worker, before the model is built: see :func:`device_module_without_accelerator`."""
         super().init_backend()

@@ -34,6 +34,7 @@ __all__ = [
     "attend",
     "attention_layer",
     "build_pool",
+    "gather_requests",
     "window_mask",
 ]
 
@@ -162,6 +163,20 @@ def attend(
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, value.float()).to(query.dtype)
+
+
+def gather_requests(
+    plan: Any, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[kv_heads, sum(lens), dim]`` keys and values of the plan's requests, one after the
+    other: request ``i``'s first ``lens[i]`` tokens (``lens``: the plan's host lengths).
+
+    One device gather of the requests' table rows, then one of the slots: no device value is
+    read on the host.
+    """
+    table = plan.req_to_token[plan.req_pool_indices, : max(lens)]  # [batch, longest]
+    slots = torch.cat([table[i, :length] for i, length in enumerate(lens)]).long()
+    return k_cache[slots].movedim(0, 1), v_cache[slots].movedim(0, 1)
 
 
 def default_scale(head_dim: int) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..contract import OpCase, OpContract, OpInputs, Rule, axis, case_grid
+from ..contract import OpCase, OpContract, OpInputs, PlanStage, Rule, axis, case_grid
 from .cases import OPTIONS, Option, option_attributes, shape_name
 from .common import (
     ATTENTION_RULES,
@@ -21,9 +21,12 @@ from .common import (
     attend,
     attention_layer,
     build_pool,
+    gather_requests,
     query_tensor,
     window_mask,
 )
+from .legacy import LEGACY_PLANNER, adapt_decode
+from .plan import DEFAULT_PLANNER, REFERENCE_PLANNER, AttentionBatch, AttentionPlan, ForwardKind
 
 __all__ = ["DECODE_ATTENTION"]
 
@@ -33,19 +36,19 @@ def _signature(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int = 1,
+    plan: AttentionPlan,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[batch, heads, head_dim]`` (one token per request, may be strided)
-    over each request's ``seq_lens[i]`` cached tokens, the new one included.
+    over each request's ``plan.seq_lens[i]`` cached tokens, the new one included.
 
-    Request ``i``'s token ``j`` is in slot ``req_to_token[req_pool_indices[i], j]`` of
-    ``k_cache`` ``[slots, kv_heads, head_dim]`` and ``v_cache`` ``[slots, kv_heads,
-    v_head_dim]``; ``heads`` is a multiple of ``kv_heads`` (MHA, GQA, MQA), ``v_head_dim`` may
-    differ from ``head_dim``, ``page_size`` is the pool's (see
-    :mod:`sglang_fl.ops.attention.common`), ``batch`` may be 0. ``obj`` is the layer
+    ``plan`` is this forward's plan, made once for all layers by the implementation's planner
+    (:mod:`sglang_fl.ops.attention.plan`): request ``i``'s token ``j`` is in slot
+    ``plan.req_to_token[plan.req_pool_indices[i], j]`` of ``k_cache`` ``[slots, kv_heads,
+    head_dim]`` and ``v_cache`` ``[slots, kv_heads, v_head_dim]``, page ``plan.page_table[i,
+    j // page_size]`` of the paged pool. Never read a device value on the host here (no
+    ``.item()``, ``.tolist()``, ``.cpu()``): lengths the host needs are the plan's host
+    tensors. ``heads`` is a multiple of ``kv_heads`` (MHA, GQA, MQA), ``v_head_dim`` may differ
+    from ``head_dim``, ``batch`` may be 0. ``obj`` is the layer
     (:func:`~sglang_fl.ops.attention.common.attention_layer`): ``scaling``, ``logit_cap``,
     ``sliding_window_size`` (the new token at position ``seq_len - 1`` sees the last
     ``sliding_window_size + 1`` tokens); ``is_causal`` does not matter for one query at the
@@ -62,12 +65,9 @@ def reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int = 1,
+    plan: AttentionPlan,
 ) -> torch.Tensor:
-    """torch_native's per-request SDPA, with host-side lengths read once per call.
+    """torch_native's per-request SDPA over the plan's host lengths.
 
     The requests' slots are gathered in one indexing (a gather is exact), then each request
     runs the same SDPA call as torch_native (same shapes, flags and mask).
@@ -76,11 +76,8 @@ def reference(
     out = q.new_empty((batch, heads, v_cache.shape[-1]))
     if batch == 0:
         return out
-    lens = seq_lens.tolist()
-    rows = req_pool_indices.tolist()
-    slots = torch.cat([req_to_token[row, :length] for row, length in zip(rows, lens, strict=True)])
-    keys = k_cache[slots].movedim(0, 1)  # [kv_heads, total, head_dim]
-    values = v_cache[slots].movedim(0, 1)
+    lens = plan.seq_lens_host.tolist()  # a host tensor: no device read
+    keys, values = gather_requests(plan, k_cache, v_cache, lens)
     if keys.dtype != q.dtype:
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     query = q.movedim(0, 1)  # [heads, batch, head_dim]
@@ -180,18 +177,14 @@ def _make_inputs(
         strided=p["strided"],
     )
     obj = attention_layer(**option_attributes(p["option"], p["head_dim"]))
+    batch = AttentionBatch.decode(
+        pool.req_to_token, pool.req_pool_indices, pool.seq_lens, p["page_size"]
+    )
     return OpInputs(
         obj=obj,
-        args=(
-            q,
-            pool.k_cache,
-            pool.v_cache,
-            pool.req_to_token,
-            pool.req_pool_indices,
-            pool.seq_lens,
-            p["page_size"],
-        ),
-        preserved=("q", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens"),
+        args=(q, pool.k_cache, pool.v_cache, REFERENCE_PLANNER.plan(batch)),
+        preserved=("q", "k_cache", "v_cache"),
+        batch=batch,
     )
 
 
@@ -209,10 +202,17 @@ DECODE_ATTENTION = OpContract(
     rules=(
         Rule(
             "positions",
-            "request r's one query is its newest token, at i = seq_lens[r] - 1; it sees the keys "
-            "0 .. i, with a window w the keys max(0, i - w) .. i (obj.is_causal does not change "
-            "this: no key lies after the query).",
+            "request r's one query is its newest token, at i = plan.seq_lens[r] - 1; it sees "
+            "the keys 0 .. i, with a window w the keys max(0, i - w) .. i (obj.is_causal does "
+            "not change this: no key lies after the query).",
         ),
         *ATTENTION_RULES,
+    ),
+    plan_stage=PlanStage(
+        kind=ForwardKind.DECODE,
+        reference_planner=REFERENCE_PLANNER,
+        default_planner=DEFAULT_PLANNER,
+        legacy_planner=LEGACY_PLANNER,
+        adapt_legacy=adapt_decode,
     ),
 )

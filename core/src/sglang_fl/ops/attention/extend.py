@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..contract import OpCase, OpContract, OpInputs, Rule, axis, case_grid
+from ..contract import OpCase, OpContract, OpInputs, PlanStage, Rule, axis, case_grid
 from .cases import OPTIONS, Option, option_attributes, shape_name
 from .common import (
     ATTENTION_RULES,
@@ -23,10 +23,13 @@ from .common import (
     attend,
     attention_layer,
     build_pool,
+    gather_requests,
     query_tensor,
     window_mask,
 )
 from .decode import SHAPES
+from .legacy import LEGACY_PLANNER, adapt_extend
+from .plan import DEFAULT_PLANNER, REFERENCE_PLANNER, AttentionBatch, AttentionPlan, ForwardKind
 
 __all__ = ["EXTEND_ATTENTION"]
 
@@ -36,21 +39,18 @@ def _signature(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    page_size: int = 1,
+    plan: AttentionPlan,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[num_tokens, heads, head_dim]`` (may be strided): request ``i``'s
-    ``extend_seq_lens[i]`` new tokens, at positions ``extend_prefix_lens[i]`` to
-    ``seq_lens[i] - 1``, over its ``seq_lens[i]`` cached tokens (prefix and new ones).
+    ``plan.extend_seq_lens[i]`` new tokens, at positions ``plan.extend_prefix_lens[i]`` to
+    ``plan.seq_lens[i] - 1``, over its ``plan.seq_lens[i]`` cached tokens (prefix and new
+    ones).
 
-    ``q`` holds the requests' new tokens one request after the other; the pool arguments are
-    as in ``decode_attention``, and ``seq_lens == extend_prefix_lens + extend_seq_lens``. A
-    request may have no prefix (prefill), a cached one (radix hit, earlier chunks) and one or
-    many new tokens; ``num_tokens`` may be 0. ``obj`` is the layer
+    ``q`` holds the requests' new tokens one request after the other (request ``i``'s start at
+    ``plan.cu_seqlens_q[i]``); the pool and the plan are as in ``decode_attention``, and
+    ``seq_lens == extend_prefix_lens + extend_seq_lens``. A request may have no prefix
+    (prefill), a cached one (radix hit, earlier chunks) and one or many new tokens;
+    ``num_tokens`` may be 0. Never read a device value on the host here. ``obj`` is the layer
     (:func:`~sglang_fl.ops.attention.common.attention_layer`): causal layers mask future
     keys and apply ``sliding_window_size``; non-causal ones see every key of the request.
     Returns a new ``[num_tokens, heads, v_head_dim]`` tensor in ``q``'s dtype; no input
@@ -64,14 +64,9 @@ def reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    page_size: int = 1,
+    plan: AttentionPlan,
 ) -> torch.Tensor:
-    """torch_native's per-request SDPA, lengths read once and slots gathered at once.
+    """torch_native's per-request SDPA over the plan's host lengths, slots gathered at once.
 
     As torch_native, each request's queries sit at their positions in a ``[heads, seq_len,
     head_dim]`` buffer (prefix rows zero) so that one causal SDPA call of the very shapes
@@ -79,15 +74,14 @@ def reference(
     """
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, v_cache.shape[-1]))
-    if tokens == 0 or seq_lens.shape[0] == 0:
+    if tokens == 0 or plan.batch_size == 0:
         return out
-    lens = seq_lens.tolist()
-    prefixes = extend_prefix_lens.tolist()
-    extends = extend_seq_lens.tolist()
-    rows = req_pool_indices.tolist()
-    slots = torch.cat([req_to_token[row, :length] for row, length in zip(rows, lens, strict=True)])
-    keys = k_cache[slots].movedim(0, 1)  # [kv_heads, total, head_dim]
-    values = v_cache[slots].movedim(0, 1)
+    assert plan.extend_prefix_lens_host is not None
+    assert plan.extend_seq_lens_host is not None
+    lens = plan.seq_lens_host.tolist()  # host tensors: no device read
+    prefixes = plan.extend_prefix_lens_host.tolist()
+    extends = plan.extend_seq_lens_host.tolist()
+    keys, values = gather_requests(plan, k_cache, v_cache, lens)
     if keys.dtype != q.dtype:
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     query = q.movedim(0, 1)  # [heads, tokens, head_dim]
@@ -194,29 +188,19 @@ def _make_inputs(
     prefix_lens = torch.tensor([pre for pre, _ in batch], dtype=torch.int32, device=device)
     extend_lens = torch.tensor([ext for _, ext in batch], dtype=torch.int32, device=device)
     obj = attention_layer(**option_attributes(p["option"], p["head_dim"]))
+    described = AttentionBatch.extend(
+        pool.req_to_token,
+        pool.req_pool_indices,
+        pool.seq_lens,
+        prefix_lens,
+        extend_lens,
+        p["page_size"],
+    )
     return OpInputs(
         obj=obj,
-        args=(
-            q,
-            pool.k_cache,
-            pool.v_cache,
-            pool.req_to_token,
-            pool.req_pool_indices,
-            pool.seq_lens,
-            prefix_lens,
-            extend_lens,
-            p["page_size"],
-        ),
-        preserved=(
-            "q",
-            "k_cache",
-            "v_cache",
-            "req_to_token",
-            "req_pool_indices",
-            "seq_lens",
-            "extend_prefix_lens",
-            "extend_seq_lens",
-        ),
+        args=(q, pool.k_cache, pool.v_cache, REFERENCE_PLANNER.plan(described)),
+        preserved=("q", "k_cache", "v_cache"),
+        batch=described,
     )
 
 
@@ -234,10 +218,18 @@ EXTEND_ATTENTION = OpContract(
     rules=(
         Rule(
             "positions",
-            "request r's new token t (0-based, in q's order) sits at i = extend_prefix_lens[r] "
-            "+ t; its keys are the request's j = 0 .. seq_lens[r] - 1 (the cached prefix, then "
+            "request r's new token t (0-based, in q's order) sits at i = "
+            "plan.extend_prefix_lens[r] + t; its keys are the request's j = 0 .. "
+            "plan.seq_lens[r] - 1 (the cached prefix, then "
             "the new tokens). Causal: j <= i; with a window w: max(0, i - w) <= j <= i.",
         ),
         *ATTENTION_RULES,
+    ),
+    plan_stage=PlanStage(
+        kind=ForwardKind.EXTEND,
+        reference_planner=REFERENCE_PLANNER,
+        default_planner=DEFAULT_PLANNER,
+        legacy_planner=LEGACY_PLANNER,
+        adapt_legacy=adapt_extend,
     ),
 )

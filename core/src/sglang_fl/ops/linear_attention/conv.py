@@ -25,7 +25,7 @@ from ..contract import (
     random_tensor,
 )
 from ._gdn import scrambled_slots
-from .state_indices import PAD_SLOT_ID, check_state_indices
+from .state_indices import HOST_INDICES, PAD_SLOT_ID, check_state_indices
 
 __all__ = ["CAUSAL_CONV1D_FN", "CAUSAL_CONV1D_UPDATE"]
 
@@ -329,7 +329,7 @@ def _update_inputs(
     return OpInputs(
         obj=None,
         args=(x, pool, weight, bias, p.get("activation", "silu"), slots.to(device)),
-        preserved=("x", "weight", "conv_state_indices"),
+        preserved=("x", "weight", "bias", "conv_state_indices"),
         written_in_place={1: "conv_state"},
     )
 
@@ -345,4 +345,5 @@ CAUSAL_CONV1D_UPDATE = OpContract(
     tolerances=STANDARD_TOLERANCES,
     cases=UPDATE_CASES,
     make_inputs=_update_inputs,
+    reference_graph_problems=HOST_INDICES,
 )

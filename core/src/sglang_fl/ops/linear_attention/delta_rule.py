@@ -26,7 +26,7 @@ from ._gdn import (
     scrambled_slots,
     sequence_bounds,
 )
-from .state_indices import PAD_SLOT_ID, check_state_indices
+from .state_indices import HOST_INDICES, PAD_SLOT_ID, check_state_indices
 
 __all__ = [
     "CHUNK_GATED_DELTA_RULE",
@@ -633,6 +633,7 @@ FUSED_RECURRENT_GATED_DELTA_RULE_PACKED_DECODE = OpContract(
     tolerances=TOLERANCES,
     cases=PACKED_CASES,
     make_inputs=_packed_inputs,
+    reference_graph_problems=HOST_INDICES,
 )
 
 
@@ -668,7 +669,17 @@ def _sigmoid_inputs(
         obj=None,
         args=(A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, indices.to(device)),
         kwargs={"use_qk_l2norm_in_kernel": p.get("l2norm", True), "cu_seqlens": cu.to(device)},
-        preserved=("A_log", "a", "dt_bias", "q", "k", "v", "b", "initial_state_indices"),
+        preserved=(
+            "A_log",
+            "a",
+            "dt_bias",
+            "q",
+            "k",
+            "v",
+            "b",
+            "initial_state_indices",
+            "cu_seqlens",
+        ),
         written_in_place={1: "initial_state_source"},
     )
 
@@ -684,4 +695,5 @@ FUSED_SIGMOID_GATING_DELTA_RULE_UPDATE = OpContract(
     tolerances=TOLERANCES,
     cases=SIGMOID_CASES,
     make_inputs=_sigmoid_inputs,
+    reference_graph_problems=HOST_INDICES,
 )

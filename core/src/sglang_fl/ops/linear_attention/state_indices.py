@@ -11,12 +11,24 @@ runs. Both use :func:`check_state_indices`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 
-__all__ = ["PAD_SLOT_ID", "check_state_indices"]
+__all__ = ["HOST_INDICES", "PAD_SLOT_ID", "check_state_indices"]
 
 # SGLang's ``PAD_SLOT_ID``: a state index meaning "padding row, touch no state".
 PAD_SLOT_ID = -1
+
+# The references of the pooled-state decode functions read and check the indices on the host:
+# a device graph replays the kernels one step launched, with the capture's slots.
+HOST_INDICES: Mapping[str, str] = MappingProxyType(
+    {
+        "captured": "the reference reads the state indices on the host (.tolist()) to check "
+        "and gather them: a device graph would replay the capture's slots"
+    }
+)
 
 
 def check_state_indices(

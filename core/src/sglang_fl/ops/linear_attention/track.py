@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..contract import STANDARD_DTYPES, OpCase, OpContract, OpInputs, Tolerance, random_tensor
-from .state_indices import check_state_indices
+from .state_indices import HOST_INDICES, check_state_indices
 
 __all__ = ["TRACK_MAMBA_STATES"]
 
@@ -114,4 +114,5 @@ TRACK_MAMBA_STATES = OpContract(
     tolerances=_EXACT,
     cases=CASES,
     make_inputs=_make_inputs,
+    reference_graph_problems=HOST_INDICES,
 )

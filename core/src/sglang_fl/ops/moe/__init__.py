@@ -276,6 +276,13 @@ def _make_topk_inputs(
     return OpInputs(obj=obj, args=(logits,), preserved=("router_logits",))
 
 
+# A device graph replays the kernels one step launched: a reference that reads values on the
+# host computes the capture's batch again at every replay.
+_HOST_COUNTS = {
+    "captured": "the reference counts the tokens per expert on the host (.tolist()): a device "
+    "graph would replay the capture's counts"
+}
+
 TOPK = OpContract(
     name="topk",
     sglang_layer="TopK",
@@ -411,4 +418,5 @@ FUSED_MOE = OpContract(
     tolerances=FUSED_MOE_TOLERANCES,
     cases=_FUSED_MOE_CASES,
     make_inputs=_make_fused_moe_inputs,
+    reference_graph_problems=_HOST_COUNTS,
 )

@@ -26,6 +26,13 @@ Declined with ``Unsupported`` before any call, each with its source (the op-plug
 the same ATB operation ``op_plugin/ops/atb/PagedAttentionAtb.cpp`` runs): float32, soft-capping
 (neither operator has a cap), head sizes, head counts and block sizes outside the operators'
 ranges. Empty batches return without a call.
+
+Both attention calls take the forward's plan (core's default planner): ``block_table`` is its
+page table, and the operators' host-side lengths (``actual_seq_lengths``,
+``actual_seq_lengths_kv``, PagedAttention's CPU ``context_lens``) come from its host lengths,
+read once per forward, so no layer reads a device value on the host. The operators take those
+lengths from the host, which a recorded NPU graph would replay unchanged: the adapters declare
+no device-graph mode (the default planner's answer); ``torch.compile`` runs them.
 """
 
 from __future__ import annotations
@@ -33,13 +40,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from enum import IntEnum
+from itertools import accumulate
 from typing import Any
 
 import torch
 
 from sglang_fl.ops.attention import NO_WINDOW
-from sglang_fl.ops.attention.paging import cumulative_lengths, page_table, paged_cache
-from sglang_fl.types import Unsupported
+from sglang_fl.ops.attention.paging import paged_cache
+from sglang_fl.types import AttentionPlan, Unsupported
 
 from ..backend import TORCH_NPU, platform
 
@@ -240,18 +248,12 @@ Run = Callable[[], torch.Tensor]
 
 
 def decode_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """One new token per request over its cached KV: PagedAttention (SGLang's default) or FIA
     (first with ``ASCEND_USE_FIA=1``), whichever serves the call; declined when neither does."""
-    args = (obj, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, page_size)
+    page_size = plan.page_size
+    args = (obj, q, k_cache, v_cache, plan)
     paged: tuple[Why, Run] = (
         _paged_declines(obj, q, k_cache, v_cache, page_size),
         lambda: _paged_decode(*args),
@@ -273,19 +275,13 @@ def decode_attention(
 
 
 def _paged_decode(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """``_npu_paged_attention`` as SGLang's ``forward_decode`` calls it: caches as ``[blocks,
     block_size, kv_heads, head_size]``, lengths on the host (ATB's ``contextLens`` is a CPU
     int32 tensor), the output preallocated."""
     batch, heads, _ = q.shape
+    page_size = plan.page_size
     out = q.new_empty((batch, heads, v_cache.shape[-1]))
     _operator("_npu_paged_attention")(
         query=q.contiguous(),
@@ -294,29 +290,22 @@ def _paged_decode(
         num_kv_heads=k_cache.shape[1],
         num_heads=heads,
         scale_value=obj.scaling,
-        block_table=page_table(req_to_token, req_pool_indices, seq_lens, page_size),
-        context_lens=seq_lens.to("cpu", torch.int32),
+        block_table=plan.page_table,
+        context_lens=plan.seq_lens_host.to(torch.int32),
         out=out,
     )
     return out
 
 
 def _fia_decode(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """FIA with PageAttention in ``BSH``; a window as SGLang's ``swa_mask``: ``(B, KV_S)``
     bool, True outside the last ``window + 1`` keys, ``KV_S`` = the block table's width in
     tokens (FIA: at one query token the mask's last dim >= block_table columns x block_size)."""
     batch, heads, d = q.shape
-    table = page_table(req_to_token, req_pool_indices, seq_lens, page_size)
-    lengths = seq_lens.tolist()
+    page_size, table = plan.page_size, plan.page_table
+    lengths = plan.seq_lens_host.tolist()
     options: dict[str, Any] = {}
     if obj.sliding_window_size > NO_WINDOW:
         width = table.shape[1] * page_size
@@ -360,16 +349,7 @@ def _blocks(cache: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 def extend_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """The new tokens over the paged pool, right-down causal (or banded): one ``TND`` call
     where TND holds, else one ``BSND`` call per request."""
@@ -377,7 +357,9 @@ def extend_attention(
     if why is not None:
         raise Unsupported(why)
     tokens, heads = q.shape[0], q.shape[1]
-    new_tokens = extend_seq_lens.tolist()
+    page_size = plan.page_size
+    assert plan.extend_seq_lens_host is not None  # an extend plan
+    new_tokens = plan.extend_seq_lens_host.tolist()
     tnd = _tnd_declines(q, v_cache, page_size, len(new_tokens))
     if tnd is not None:
         bsnd = _one_head_dim(q, v_cache) or _bsnd_block_declines(page_size, new_tokens)
@@ -385,9 +367,9 @@ def extend_attention(
             raise Unsupported(f"{tnd}; per request (BSND): {bsnd}")
     if tokens == 0 or not new_tokens:
         return q.new_empty((tokens, heads, v_cache.shape[-1]))
-    table = page_table(req_to_token, req_pool_indices, seq_lens, page_size)
     call = _tnd_extend if tnd is None else _bsnd_extend
-    return call(obj, q, k_cache, v_cache, table, seq_lens.tolist(), new_tokens, page_size)
+    lengths = plan.seq_lens_host.tolist()
+    return call(obj, q, k_cache, v_cache, plan.page_table, lengths, new_tokens, page_size)
 
 
 def _tnd_declines(q: torch.Tensor, v_cache: torch.Tensor, page_size: int, batch: int) -> Why:
@@ -448,9 +430,7 @@ def _tnd_extend(
         input_layout="TND",
         block_table=table,
         block_size=page_size,
-        actual_seq_lengths=cumulative_lengths(
-            torch.tensor(new_tokens), leading_zero=False
-        ).tolist(),
+        actual_seq_lengths=list(accumulate(new_tokens)),
         actual_seq_lengths_kv=lengths,
         scale=obj.scaling,
         **_prefill_options(obj, q.device),

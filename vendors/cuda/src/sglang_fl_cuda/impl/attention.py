@@ -2,11 +2,16 @@
 ``fa3`` attention backend calls it (``layers/attention/flashattention_backend.py``, SGLang
 0.5.23, the default attention backend on Hopper).
 
-Both ops are one ``sgl_kernel.flash_attn.flash_attn_with_kvcache`` call over the paged pool:
-``q`` as varlen rows (``cu_seqlens_q``; one row per request in decode), the pool viewed as
-``[pages, page_size, kv_heads, dim]`` with the requests' page table, ``cache_seqlens`` the
-requests' full lengths. Its causal mask is bottom-right aligned, which puts each new token at
-its position after the prefix; a sliding window is ``(window, 0)``, SGLang's own mapping.
+Both ops are one ``sgl_kernel.flash_attn.flash_attn_with_kvcache`` call over the paged pool,
+everything the batch needs taken from the forward's plan (core's default plan, made once per
+forward, as SGLang's ``fa3`` backend makes its metadata once): ``q`` as varlen rows
+(``cu_seqlens_q``, ``max_seqlen_q``; one row per request in decode), the pool viewed as
+``[pages, page_size, kv_heads, dim]`` with the plan's ``page_table``, ``cache_seqlens`` the
+requests' full lengths. No call reads a value on the host, so CUDA graphs capture and replay
+them: :data:`PLANNER` claims both graph modes (a graph-mode plan's page table spans the whole
+context and is rewritten in place). The causal mask is bottom-right aligned, which puts each
+new token at its position after the prefix; a sliding window is ``(window, 0)``, SGLang's own
+mapping.
 
 What the kernel cannot serve is declined with ``Unsupported`` before anything runs, citing
 ``hopper/flash_api.cpp`` (``mha_fwd``) of FlashAttention-3, which sgl_kernel builds:
@@ -32,17 +37,21 @@ from typing import Any
 import torch
 
 from sglang_fl.ops.attention import NO_WINDOW
-from sglang_fl.ops.attention.paging import cumulative_lengths, page_table, paged_cache
-from sglang_fl.types import Unsupported
+from sglang_fl.ops.attention.paging import paged_cache
+from sglang_fl.types import AttentionPlan, DefaultPlanner, Unsupported
 
 from ..backend import FA3_DEVICES, FLASH_ATTN
 
-__all__ = ["NO_KERNEL", "decode_attention", "extend_attention"]
+__all__ = ["NO_KERNEL", "PLANNER", "decode_attention", "extend_attention"]
 
 NO_KERNEL = {
     "store_kv_cache": "sgl_kernel has no KV store kernel (SGLang's CUDA set_kv_buffer runs its "
     "own JIT store_cache kernel, which stays in place)",
 }
+
+# The default plan, and no graph mode refused: the calls read only its device tensors and
+# plain values (page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q).
+PLANNER = DefaultPlanner({})
 
 _SOURCE = "FlashAttention-3 hopper/flash_api.cpp mha_fwd"
 _DTYPES = frozenset({torch.float16, torch.bfloat16})
@@ -122,26 +131,22 @@ def _attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    q_lens: torch.Tensor,
-    page_size: int,
+    plan: AttentionPlan,
     causal: bool,
 ) -> torch.Tensor:
     """One varlen ``flash_attn_with_kvcache`` over the paged pool: ``[tokens, heads, dv]``."""
     _check_shapes(q, k_cache, v_cache)
     module = _flash_attn(q)
-    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+    if q.shape[0] == 0 or plan.batch_size == 0:
         return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]))
     out: torch.Tensor = module.flash_attn_with_kvcache(
         q=q,
-        k_cache=paged_cache(k_cache, page_size),
-        v_cache=paged_cache(v_cache, page_size),
-        page_table=page_table(req_to_token, req_pool_indices, seq_lens, page_size),
-        cache_seqlens=seq_lens.to(torch.int32),
-        cu_seqlens_q=cumulative_lengths(q_lens),
-        max_seqlen_q=int(q_lens.max()),
+        k_cache=paged_cache(k_cache, plan.page_size),
+        v_cache=paged_cache(v_cache, plan.page_size),
+        page_table=plan.page_table,
+        cache_seqlens=plan.cache_seqlens,
+        cu_seqlens_q=plan.cu_seqlens_q,
+        max_seqlen_q=plan.max_seqlen_q,
         softmax_scale=obj.scaling,
         causal=causal,
         window_size=_window(obj, causal),
@@ -151,44 +156,14 @@ def _attend(
 
 
 def decode_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """One query row per request (``cu_seqlens_q`` = 0, 1, ..., batch), as SGLang's fa3 decode."""
-    ones = torch.ones(q.shape[0], dtype=torch.int32, device=q.device)
-    return _attend(
-        obj, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, ones, page_size, True
-    )
+    return _attend(obj, q, k_cache, v_cache, plan, True)
 
 
 def extend_attention(
-    obj: Any,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    extend_prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    page_size: int = 1,
+    obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
 ) -> torch.Tensor:
     """Each request's new rows over its whole cached sequence (prefix and new tokens)."""
-    return _attend(
-        obj,
-        q,
-        k_cache,
-        v_cache,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        extend_seq_lens,
-        page_size,
-        obj.is_causal,
-    )
+    return _attend(obj, q, k_cache, v_cache, plan, obj.is_causal)
