@@ -23,6 +23,7 @@ from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "sglang"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))  # sglang_processes' installed_dists
 
 from real_model import MODEL_NAME, chat_input_ids, prepare  # noqa: E402
 from sglang_processes import clean_env  # noqa: E402

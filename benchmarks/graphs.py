@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from e2e import QUESTIONS as E2E_QUESTIONS
 from e2e import Worker
 
 HERE = Path(__file__).resolve().parent
@@ -40,11 +41,9 @@ from real_model import MODEL_NAME, chat_input_ids, prepare  # noqa: E402
 from sglang_fl.dispatch_report import read_log  # noqa: E402
 
 TARGET = 1.0  # compiled decode tokens/s over eager's, medians
+# e2e's chat prompts, and four more for batches up to 8.
 QUESTIONS = [
-    "What is the capital of France?",
-    "Name the three primary colors.",
-    "Write one sentence about the sea.",
-    "How many legs does a spider have?",
+    *E2E_QUESTIONS,
     "What does a compiler do?",
     "Give a synonym of quick.",
     "Why is the sky blue?",

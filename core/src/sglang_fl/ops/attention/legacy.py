@@ -62,51 +62,39 @@ DECODE_SIGNATURE = inspect.signature(_decode_signature)
 EXTEND_SIGNATURE = inspect.signature(_extend_signature)
 
 
+# What each pre-plan signature took after ``obj, q, k_cache, v_cache``, read from the plan.
+_DECODE_FIELDS = ("req_to_token", "req_pool_indices", "seq_lens", "page_size")
+_EXTEND_FIELDS = (
+    "req_to_token",
+    "req_pool_indices",
+    "seq_lens",
+    "extend_prefix_lens",
+    "extend_seq_lens",
+    "page_size",
+)
+
+
 def adapt_decode(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """``fn`` (the pre-plan ``decode_attention`` signature) taking a plan, or ``None``."""
-    if binding_problem(DECODE_SIGNATURE, fn) is not None:
-        return None
-
-    @functools.wraps(fn)
-    def decode_attention(
-        obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
-    ) -> Any:
-        return fn(
-            obj,
-            q,
-            k_cache,
-            v_cache,
-            plan.req_to_token,
-            plan.req_pool_indices,
-            plan.seq_lens,
-            plan.page_size,
-        )
-
-    del decode_attention.__wrapped__  # inspect.signature must see the planned signature
-    return decode_attention
+    return _adapt(fn, DECODE_SIGNATURE, _DECODE_FIELDS)
 
 
 def adapt_extend(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """``fn`` (the pre-plan ``extend_attention`` signature) taking a plan, or ``None``."""
-    if binding_problem(EXTEND_SIGNATURE, fn) is not None:
+    return _adapt(fn, EXTEND_SIGNATURE, _EXTEND_FIELDS)
+
+
+def _adapt(
+    fn: Callable[..., Any], signature: inspect.Signature, fields: tuple[str, ...]
+) -> Callable[..., Any] | None:
+    if binding_problem(signature, fn) is not None:
         return None
 
     @functools.wraps(fn)
-    def extend_attention(
+    def planned(
         obj: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan
     ) -> Any:
-        return fn(
-            obj,
-            q,
-            k_cache,
-            v_cache,
-            plan.req_to_token,
-            plan.req_pool_indices,
-            plan.seq_lens,
-            plan.extend_prefix_lens,
-            plan.extend_seq_lens,
-            plan.page_size,
-        )
+        return fn(obj, q, k_cache, v_cache, *(getattr(plan, name) for name in fields))
 
-    del extend_attention.__wrapped__
-    return extend_attention
+    del planned.__wrapped__  # inspect.signature must see the planned signature
+    return planned
