@@ -299,16 +299,28 @@ def install_sglang_and_core(session: nox.Session) -> Path:
 PYTEST_TIMEOUT = "pytest-timeout>=2.3"
 UNIT_TEST_LIMIT_S = 300
 END_TO_END_TEST_LIMIT_S = 900
+# pytest-xdist: a session's tests on two workers, the CI machine's two cores. ``loadgroup``
+# keeps each ``xdist_group`` on one worker: the SGLang tests group by engine configuration
+# (tests/sglang/conftest.py), so each engine still starts once, two at a time.
+PYTEST_XDIST = "pytest-xdist>=3.6"
+TEST_WORKERS = 2
 
 
 def run_pytest(
-    session: nox.Session, *args: str, limit_s: int, env: dict[str, str] | None = None
+    session: nox.Session,
+    *args: str,
+    limit_s: int,
+    env: dict[str, str] | None = None,
+    workers: int | None = None,
 ) -> None:
-    """pytest over ``paths`` with the per-test limit on (the session installed PYTEST_TIMEOUT).
+    """pytest over ``paths`` with the per-test limit on (the session installed PYTEST_TIMEOUT),
+    on ``workers`` pytest-xdist workers if given (the session installed PYTEST_XDIST).
 
-    ``-p timeout`` loads pytest-timeout by its plugin name, so a venv without it fails here
-    instead of running without limits; ``--durations`` lists the slowest tests for the CI budget.
+    ``-p timeout`` (and ``-p xdist``) load the plugins by name, so a venv without them fails
+    here instead of running without limits; ``--durations`` lists the slowest tests for the CI
+    budget. ``-- -n 0`` runs a parallel session in one process (e.g. under a debugger).
     """
+    parallel = ["-p", "xdist", "-n", str(workers), "--dist", "loadgroup"] if workers else []
     session.run(
         "pytest",
         "-p",
@@ -316,6 +328,7 @@ def run_pytest(
         f"--timeout={limit_s}",
         "--timeout-method=signal",
         "--durations=10",
+        *parallel,
         *args,
         *session.posargs,
         env=env,
@@ -362,8 +375,8 @@ def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
     wheels = built_wheels(session, "core")
-    install_built(session, wheels["core"], extra=("pytest", PYTEST_TIMEOUT))
-    run_pytest(session, "core/tests", limit_s=UNIT_TEST_LIMIT_S)
+    install_built(session, wheels["core"], extra=("pytest", PYTEST_TIMEOUT, PYTEST_XDIST))
+    run_pytest(session, "core/tests", limit_s=UNIT_TEST_LIMIT_S, workers=TEST_WORKERS)
 
 
 @nox.session
@@ -388,7 +401,9 @@ def vendor(session: nox.Session, name: str) -> None:
     """One vendor wheel with the core wheel in a fresh venv: discovered, loaded, tested."""
     install_torch_cpu(session)
     built = built_wheels(session, "core", name)
-    install_built(session, built["core"], built[name], extra=("pytest", PYTEST_TIMEOUT))
+    install_built(
+        session, built["core"], built[name], extra=("pytest", PYTEST_TIMEOUT, PYTEST_XDIST)
+    )
     report = json.loads(
         session.run("sglang-fl", "plugins", "--json", silent=True, external=False) or "{}"
     )
@@ -397,7 +412,9 @@ def vendor(session: nox.Session, name: str) -> None:
     if not mine or any(p["status"] != "loaded" for p in mine):
         session.error(f"{expected} is not reported loaded by `sglang-fl plugins --json`: {report}")
     session.log(f"{expected}: {[(p['name'], p['status']) for p in mine]}")
-    run_pytest(session, str(VENDORS / name / "tests"), limit_s=UNIT_TEST_LIMIT_S)
+    run_pytest(
+        session, str(VENDORS / name / "tests"), limit_s=UNIT_TEST_LIMIT_S, workers=TEST_WORKERS
+    )
 
 
 @nox.session
@@ -476,9 +493,11 @@ SGLANG_TIERS = {"sglang": "not matrix", "sglang_matrix": "matrix"}
 def sglang_tests(session: nox.Session) -> None:
     """SGLang 0.5.23 with this checkout's core wheel, then one tier of tests/sglang."""
     install_sglang_and_core(session)
-    session.install("pytest", PYTEST_TIMEOUT)
+    session.install("pytest", PYTEST_TIMEOUT, PYTEST_XDIST)
     tier = ["-m", SGLANG_TIERS[session.name]]
-    run_pytest(session, "tests/sglang", *tier, limit_s=END_TO_END_TEST_LIMIT_S)
+    run_pytest(
+        session, "tests/sglang", *tier, limit_s=END_TO_END_TEST_LIMIT_S, workers=TEST_WORKERS
+    )
 
 
 @nox.session

@@ -406,8 +406,10 @@ def test_attention_contracts_state_their_masks_as_formulas(op):
 
 
 def _window_decode_inputs(window: int, seq_len: int = 12, head_dim: int = 16):
-    """One request, one kv head: the decode query at position seq_len - 1 over a window."""
+    """One request, one kv head: the decode query at position seq_len - 1 over a window, and
+    the reference planner's plan of that batch."""
     from sglang_fl.ops.attention import attention_layer
+    from sglang_fl.ops.attention.plan import REFERENCE_PLANNER, AttentionBatch
 
     generator = torch.Generator().manual_seed(3)
     k = torch.randn(seq_len + 1, 1, head_dim, generator=generator)
@@ -415,21 +417,21 @@ def _window_decode_inputs(window: int, seq_len: int = 12, head_dim: int = 16):
     q = torch.randn(1, 1, head_dim, generator=generator)
     req_to_token = torch.arange(1, seq_len + 1, dtype=torch.int32).unsqueeze(0)  # slot 0: padding
     layer = attention_layer(scaling=head_dim**-0.5, sliding_window_size=window)
-    lens = torch.tensor([seq_len])
-    return layer, q, k, v, req_to_token, torch.tensor([0]), lens
+    batch = AttentionBatch.decode(req_to_token, torch.tensor([0]), torch.tensor([seq_len]))
+    return layer, q, k, v, REFERENCE_PLANNER.plan(batch)
 
 
 def test_the_sliding_window_rule_is_what_the_reference_computes():
     """The window rule as printed: with w, the query at i sees i - w (included) to i."""
     reference = get_contract("decode_attention").reference
     window, seq_len = 4, 12
-    layer, q, k, v, req_to_token, rows, lens = _window_decode_inputs(window, seq_len)
-    base = reference(layer, q, k, v, req_to_token, rows, lens)
+    layer, q, k, v, plan = _window_decode_inputs(window, seq_len)
+    base = reference(layer, q, k, v, plan)
     i = seq_len - 1
     for position, seen in ((i - window, True), (i - window - 1, False)):
         changed = k.clone()
         changed[1 + position] += 5.0  # slot of the key at that position
-        out = reference(layer, q, changed, v, req_to_token, rows, lens)
+        out = reference(layer, q, changed, v, plan)
         assert (not torch.equal(out, base)) is seen, f"key at i - {i - position}"
 
 
@@ -437,9 +439,9 @@ def test_the_soft_cap_rule_is_what_the_reference_computes():
     from sglang_fl.ops.attention import attention_layer
 
     reference = get_contract("decode_attention").reference
-    layer, q, k, v, req_to_token, rows, lens = _window_decode_inputs(-1)
+    layer, q, k, v, plan = _window_decode_inputs(-1)
     capped = attention_layer(scaling=layer.scaling, logit_cap=0.5)
     scores = (q[0, 0] @ k[1:, 0].T) * layer.scaling
     want = torch.softmax(0.5 * torch.tanh(scores / 0.5), dim=-1) @ v[1:, 0]
-    got = reference(capped, q, k, v, req_to_token, rows, lens)
+    got = reference(capped, q, k, v, plan)
     torch.testing.assert_close(got[0, 0], want)

@@ -9,6 +9,7 @@ tests use SmolLM2-135M-Instruct, prepared once into the model cache (``real_mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -24,7 +25,7 @@ sys.path.insert(0, str(HERE.parent / "support"))  # installed_dists: throwaway p
 
 from engines import Engine, EnginePool, by_engine, model_path, spec_of  # noqa: E402
 from real_model import prepare  # noqa: E402
-from sglang_processes import ENGINE_STARTS  # noqa: E402
+from sglang_processes import ENGINE_STARTS, EngineStart, cache_lock  # noqa: E402
 from tiny_models import hf_greedy  # noqa: E402
 
 # Importing SGLang's layers already resolves SGLang's platform, which asks sglang-fl's platform
@@ -47,15 +48,33 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and xdist groups, by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each engine configuration's tests together, so that each engine starts once; tests of a
-    matrix-tier configuration marked ``matrix``."""
+    matrix-tier configuration marked ``matrix``. Under pytest-xdist (``-n 2 --dist
+    loadgroup``, as the nox sessions run) each configuration is one ``xdist_group``: its tests
+    go to one worker, which starts its engine once, while the other worker runs another."""
     for item in items:
         spec = spec_of(item)
-        if spec is not None and spec.matrix:
-            item.add_marker(pytest.mark.matrix)
+        if spec is not None:
+            item.add_marker(pytest.mark.xdist_group(f"engine-{spec.id}"))
+            if spec.matrix:
+                item.add_marker(pytest.mark.matrix)
     items[:] = list(by_engine(items))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand this worker's engine starts to the controller's summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["engine_starts"] = [dataclasses.asdict(s) for s in ENGINE_STARTS]
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: only called where xdist runs
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the xdist controller: gather the engine starts of a worker that finished."""
+    for start in getattr(node, "workeroutput", {}).get("engine_starts", []):
+        ENGINE_STARTS.append(EngineStart(**start))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -111,7 +130,8 @@ def models() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """SmolLM2-135M-Instruct as a float32 checkpoint: fetched and converted on first use."""
-    return prepare()
+    with cache_lock("model-smollm2"):
+        return prepare()
 
 
 @pytest.fixture(scope="session")

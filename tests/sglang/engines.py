@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_processes import ENGINE_TIMEOUT_S, HERE, clean_env, count_engine_start, persistent_cache
+from sglang_processes import (
+    ENGINE_TIMEOUT_S,
+    HERE,
+    cache_lock,
+    clean_env,
+    count_engine_start,
+    persistent_cache,
+)
 
 __all__ = [
     "Engine",
@@ -199,7 +206,8 @@ def model_path(name: str) -> Path:
         except KeyError:
             known = ", ".join(sorted(_MODELS))
             raise ValueError(f"unknown model {name!r}; registered: {known}") from None
-        _built_models[name] = build(persistent_cache("models"))
+        with cache_lock(f"model-{name}"):
+            _built_models[name] = build(persistent_cache("models"))
     return _built_models[name]
 
 

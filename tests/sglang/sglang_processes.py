@@ -7,6 +7,7 @@ scheduler and detokenizer too.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -67,6 +68,18 @@ def persistent_cache(*parts: str) -> Path:
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold the test cache's lock ``name`` (an exclusive ``flock``): pytest-xdist workers (and
+    concurrent runs) building the same cached model take turns, the second finds it built."""
+    with open(persistent_cache("locks") / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 STANDARD_LAYERS = {
