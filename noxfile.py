@@ -390,7 +390,9 @@ def wheels(session: nox.Session) -> None:
         shutil.rmtree(source / "build", ignore_errors=True)
         session.run(uv_executable(), "build", "--quiet", "--out-dir", str(out), str(source),
                     external=True)  # fmt: skip
-        session.run("twine", "check", "--strict", *map(str, sorted(out.iterdir())))
+        # uv build also leaves a .gitignore in a directory it creates: the files, not the dir.
+        built = sorted([*out.glob("*.tar.gz"), *out.glob("*.whl")])
+        session.run("twine", "check", "--strict", *map(str, built))
         session.run("check-wheel-contents", *map(str, out.glob("*.whl")))
 
 
