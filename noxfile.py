@@ -427,7 +427,8 @@ def cross(session: nox.Session) -> None:
     # The README's Install commands run in a fresh venv of their own in pytest's temporary dir.
     require_free_disk(session, tempfile.gettempdir(), TORCH_CPU_VENV_GB, "The Install test's venv")
     built = built_wheels(session, "core")
-    extra = ("pytest", PYTEST_TIMEOUT, "build", "setuptools>=77")
+    # pip: the packaging tests run pip itself (uv's venvs have none), as a user would.
+    extra = ("pytest", PYTEST_TIMEOUT, "build", "setuptools>=77", "pip")
     install_built(session, built["core"], extra=extra)
     env = {"INSTALL_TEST_TORCH": TORCH_CPU}
     run_pytest(session, "tests/cross", limit_s=END_TO_END_TEST_LIMIT_S, env=env)

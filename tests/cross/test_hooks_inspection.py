@@ -153,6 +153,7 @@ def test_specifications_are_described(report: dict) -> None:
     assert [h["name"] for h in report["hooks"]] == [
         "sglang_fl_attention_backend",
         "sglang_fl_communicator",
+        "sglang_fl_graph_runner",
         "sglang_fl_platform",
         "sglang_fl_register_ops",
     ]
