@@ -299,9 +299,9 @@ def install_sglang_and_core(session: nox.Session) -> Path:
 PYTEST_TIMEOUT = "pytest-timeout>=2.3"
 UNIT_TEST_LIMIT_S = 300
 END_TO_END_TEST_LIMIT_S = 900
-# pytest-xdist: a session's tests on two workers, the CI machine's two cores. ``loadgroup``
-# keeps each ``xdist_group`` on one worker: the SGLang tests group by engine configuration
-# (tests/sglang/conftest.py), so each engine still starts once, two at a time.
+# pytest-xdist: a session's tests on two workers, the CI machine's two cores. The SGLang tests
+# schedule each engine configuration's tests on one worker (tests/sglang/conftest.py), so each
+# engine still starts once, two at a time.
 PYTEST_XDIST = "pytest-xdist>=3.6"
 TEST_WORKERS = 2
 
@@ -320,7 +320,7 @@ def run_pytest(
     here instead of running without limits; ``--durations`` lists the slowest tests for the CI
     budget. ``-- -n 0`` runs a parallel session in one process (e.g. under a debugger).
     """
-    parallel = ["-p", "xdist", "-n", str(workers), "--dist", "loadgroup"] if workers else []
+    parallel = ["-p", "xdist", "-n", str(workers)] if workers else []
     session.run(
         "pytest",
         "-p",

@@ -10,6 +10,7 @@ tests use SmolLM2-135M-Instruct, prepared once into the model cache (``real_mode
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -33,9 +34,15 @@ from tiny_models import hf_greedy  # noqa: E402
 # module imports SGLang, hence at conftest import time.
 _IN_PROCESS_LOG = Path(tempfile.mkdtemp(prefix="sglang-fl-tests-")) / "in-process.jsonl"
 os.environ["SGLANG_FL_DISPATCH_LOG"] = str(_IN_PROCESS_LOG)
+# Where xdist workers tell the controller each test's engine configuration (a JSON file).
+_GROUPS_ENV = "SGLANG_FL_TEST_ENGINE_GROUPS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # The xdist controller, before its workers start: where they write each test's engine
+        # configuration for its scheduler (pytest_xdist_make_scheduler).
+        os.environ[_GROUPS_ENV] = str(_IN_PROCESS_LOG.parent / "engine-groups.json")
     config.addinivalue_line(
         "markers",
         "engine(spec): the test runs against the shared SGLang engine of this EngineSpec "
@@ -48,19 +55,49 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and xdist groups, by these markers
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each engine configuration's tests together, so that each engine starts once; tests of a
-    matrix-tier configuration marked ``matrix``. Under pytest-xdist (``-n 2 --dist
-    loadgroup``, as the nox sessions run) each configuration is one ``xdist_group``: its tests
-    go to one worker, which starts its engine once, while the other worker runs another."""
+    matrix-tier configuration marked ``matrix``. In a pytest-xdist worker, also write which
+    configuration each test needs, for the controller's scheduler
+    (``pytest_xdist_make_scheduler``)."""
+    groups = {}
     for item in items:
         spec = spec_of(item)
         if spec is not None:
-            item.add_marker(pytest.mark.xdist_group(f"engine-{spec.id}"))
+            groups[item.nodeid] = f"engine {spec.id}"
             if spec.matrix:
                 item.add_marker(pytest.mark.matrix)
     items[:] = list(by_engine(items))
+    groups_file = os.environ.get(_GROUPS_ENV)
+    if groups_file and os.environ.get("PYTEST_XDIST_WORKER"):
+        scratch = f"{groups_file}.{os.environ['PYTEST_XDIST_WORKER']}"
+        Path(scratch).write_text(json.dumps(groups))
+        os.replace(scratch, groups_file)  # every worker collects the same tests: same content
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # an xdist hook; before xdist's own
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n 2``, as the nox sessions run): every test of one engine
+    configuration goes to one worker, which starts that engine once, while the other worker
+    runs another configuration or the in-process tests. (xdist's own ``loadgroup`` cannot do
+    this on pytest 9: the group suffix it writes into ``item._nodeid`` is no longer read.)
+
+    xdist's scope scheduling, with one scope per engine configuration (what the workers wrote
+    to the groups file while collecting) and every other test a scope of its own.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = Path(os.environ[_GROUPS_ENV])  # set by pytest_configure
+    groups: dict[str, str] = {}
+
+    class EngineGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if not groups:  # called once every worker has collected (and written the file)
+                groups.update(json.loads(groups_file.read_text()))
+            return groups.get(nodeid, nodeid)
+
+    return EngineGroups(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
