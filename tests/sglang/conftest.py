@@ -10,6 +10,7 @@ tests use SmolLM2-135M-Instruct, prepared once into the model cache (``real_mode
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -89,13 +90,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     groups_file = Path(os.environ[_GROUPS_ENV])  # set by pytest_configure
-    groups: dict[str, str] = {}
 
     class EngineGroups(LoadScopeScheduling):  # type: ignore[misc]
+        @functools.cached_property
+        def _groups(self) -> dict[str, str]:
+            # First asked once every worker has collected (and written the file): read once.
+            groups: dict[str, str] = json.loads(groups_file.read_text())
+            return groups
+
         def _split_scope(self, nodeid: str) -> str:
-            if not groups:  # called once every worker has collected (and written the file)
-                groups.update(json.loads(groups_file.read_text()))
-            return groups.get(nodeid, nodeid)
+            return self._groups.get(nodeid, nodeid)
 
     return EngineGroups(config, log)
 
