@@ -25,7 +25,15 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "support"))  # installed_dists: throwaway plugins
 
-from engines import Engine, EnginePool, by_engine, model_path, spec_of  # noqa: E402
+from engines import (  # noqa: E402
+    Engine,
+    EnginePool,
+    by_engine,
+    companions_of,
+    model_path,
+    scheduling_groups,
+    spec_of,
+)
 from real_model import prepare  # noqa: E402
 from sglang_processes import ENGINE_STARTS, EngineStart, cache_lock  # noqa: E402
 from tiny_models import hf_greedy  # noqa: E402
@@ -46,8 +54,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[_GROUPS_ENV] = str(_IN_PROCESS_LOG.parent / "engine-groups.json")
     config.addinivalue_line(
         "markers",
-        "engine(spec): the test runs against the shared SGLang engine of this EngineSpec "
-        "(tests/sglang/engines.py); tests of one spec run together",
+        "engine(spec, also=()): the test runs against the shared SGLang engine of this "
+        "EngineSpec (tests/sglang/engines.py); tests of one spec run together, on one "
+        "pytest-xdist worker with those of the specs in also (engines the test consults)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "xdist_group(name): tests without an engine that share a module-scoped process (a "
+        "server) run on one pytest-xdist worker (this conftest's scheduler honours it)",
     )
     config.addinivalue_line(
         "markers",
@@ -62,13 +76,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     matrix-tier configuration marked ``matrix``. In a pytest-xdist worker, also write which
     configuration each test needs, for the controller's scheduler
     (``pytest_xdist_make_scheduler``)."""
-    groups = {}
     for item in items:
         spec = spec_of(item)
-        if spec is not None:
-            groups[item.nodeid] = f"engine {spec.id}"
-            if spec.matrix:
-                item.add_marker(pytest.mark.matrix)
+        if spec is not None and spec.matrix:
+            item.add_marker(pytest.mark.matrix)
+    groups = scheduling_groups(items)
     items[:] = list(by_engine(items))
     groups_file = os.environ.get(_GROUPS_ENV)
     if groups_file and os.environ.get("PYTEST_XDIST_WORKER"):
@@ -84,8 +96,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     runs another configuration or the in-process tests. (xdist's own ``loadgroup`` cannot do
     this on pytest 9: the group suffix it writes into ``item._nodeid`` is no longer read.)
 
-    xdist's scope scheduling, with one scope per engine configuration (what the workers wrote
-    to the groups file while collecting) and every other test a scope of its own.
+    xdist's scope scheduling, with one scope per engine configuration and per ``xdist_group``
+    (what the workers wrote to the groups file while collecting, ``engines.scheduling_groups``)
+    and every other test a scope of its own.
     """
     from xdist.scheduler import LoadScopeScheduling
 
@@ -181,6 +194,21 @@ def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePool
     pool = EnginePool(tmp_path_factory.mktemp("engines"))
     yield pool
     pool.stop()
+
+
+@pytest.fixture(autouse=True)
+def _engine_only_while_its_tests_run(
+    request: pytest.FixtureRequest, engine_pool: EnginePool
+) -> None:
+    """Stop the running engine before a test that neither runs against it nor consults it:
+    its tests are over (each configuration's tests run together), and an engine kept up holds
+    memory and, on TP ranks, CPU while the worker runs other tests."""
+    running = engine_pool.current
+    if running is not None and running.spec not in (
+        spec_of(request.node),
+        *companions_of(request.node),
+    ):
+        engine_pool.stop()
 
 
 @pytest.fixture

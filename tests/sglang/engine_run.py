@@ -24,10 +24,13 @@ DTYPES = ("float32", "bfloat16")
 def start_engine(
     model_dir: str, dtype: str = "float32", device: str = "cpu", **server_args: Any
 ) -> Any:
-    """An ``sglang.Engine`` (on the CPU unless ``device`` says otherwise) with a small KV cache
-    and quiet logs."""
+    """An ``sglang.Engine`` (on the CPU unless ``device`` says otherwise) with a small KV cache,
+    quiet logs, and a scheduler that sleeps while idle."""
     import sglang
 
+    # An idle scheduler otherwise polls its sockets in a busy loop (about 80% of a core measured
+    # here): a shared test engine kept up between requests would take CPU from everything else.
+    server_args.setdefault("sleep_on_idle", True)
     return sglang.Engine(
         model_path=model_dir,
         device=device,

@@ -451,12 +451,66 @@ def spec_of(node: Any) -> EngineSpec | None:
     return None
 
 
+def companions_of(node: Any) -> tuple[EngineSpec, ...]:
+    """The other specs a test consults through ``engine_pool`` when an earlier test did not
+    leave their answers (``@pytest.mark.engine(SPEC, also=(OTHER, ...))``)."""
+    marker = node.get_closest_marker("engine")
+    also = tuple(marker.kwargs.get("also", ())) if marker is not None else ()
+    for found in also:
+        if not isinstance(found, EngineSpec):
+            raise TypeError(f"{node.nodeid}: engine(also=...) takes EngineSpecs, got {found!r}")
+    return also
+
+
 def by_engine(items: list[Any]) -> Iterator[Any]:
-    """``items`` with each spec's tests together, specs in first-seen order, engine-free first."""
-    order: dict[EngineSpec | None, int] = {None: -1}
-    keyed = []
-    for index, item in enumerate(items):
+    """``items`` with each spec's tests together, engine-free first, then the specs in
+    first-seen order, except that a spec other tests consult (``also=``) comes before them:
+    its tests leave the answers those tests reuse, so neither engine starts twice."""
+    consults: dict[EngineSpec, set[EngineSpec]] = {}
+    for item in items:
         spec = spec_of(item)
-        order.setdefault(spec, len(order))
-        keyed.append((order[spec], index, item))
+        if spec is not None:
+            consults.setdefault(spec, set()).update(companions_of(item))
+    order: dict[EngineSpec | None, int] = {None: -1}
+    placing: set[EngineSpec] = set()  # a cycle of consults keeps first-seen order
+
+    def place(spec: EngineSpec) -> None:
+        if spec not in order and spec not in placing:
+            placing.add(spec)
+            for other in sorted(consults.get(spec, ()), key=lambda found: found.id):
+                place(other)
+            order[spec] = len(order)
+
+    for spec in consults:
+        place(spec)
+    keyed = [(order[spec_of(item)], index, item) for index, item in enumerate(items)]
     return (item for _, _, item in sorted(keyed, key=lambda entry: entry[:2]))
+
+
+def scheduling_groups(items: list[Any]) -> dict[str, str]:
+    """Each engine test's unit of work for pytest-xdist: ``"engine <id>"`` of its spec, where
+    specs a test consults (``also=``) share one unit with that test's spec, so one worker runs
+    them all, one start each. A test without a spec but marked ``xdist_group(name)`` (tests
+    sharing a module-scoped server) is in unit ``"group <name>"``."""
+    parent: dict[EngineSpec, EngineSpec] = {}
+
+    def root(spec: EngineSpec) -> EngineSpec:
+        while parent.setdefault(spec, spec) != spec:
+            spec = parent[spec]
+        return spec
+
+    for item in items:
+        spec = spec_of(item)
+        for other in companions_of(item) if spec is not None else ():
+            parent[root(other)] = root(spec)
+    groups = {}
+    for item in items:
+        spec = spec_of(item)
+        marker = item.get_closest_marker("xdist_group")
+        if spec is not None:
+            groups[item.nodeid] = f"engine {root(spec).id}"
+        elif marker is not None:
+            groups[item.nodeid] = (
+                f"group {marker.args[0] if marker.args else marker.kwargs['name']}"
+            )
+    return groups

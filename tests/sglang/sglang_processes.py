@@ -179,6 +179,7 @@ def launch_server(
         "--host", "127.0.0.1",
         "--port", str(port),
         "--log-level", "warning",
+        "--sleep-on-idle",  # an idle scheduler polls in a busy loop otherwise (engine_run)
     ]  # fmt: skip
     start = count_engine_start(f"launch_server {model.name}")
     with output.open("wb") as out:

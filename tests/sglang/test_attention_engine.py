@@ -80,7 +80,7 @@ def test_gemma3_sglangs_own_run(engine: Engine) -> None:
     assert routed == [], "SGLang's forced backend and torch_native win over sglang-fl's route"
 
 
-@pytest.mark.engine(GEMMA3)
+@pytest.mark.engine(GEMMA3, also=(GEMMA3_SGLANG,))
 def test_sglang_fl_gives_sglangs_own_tokens_with_a_sliding_window(
     engine: Engine, engine_pool: Any
 ) -> None:

@@ -139,7 +139,7 @@ def test_real_model_eager_bfloat16_answers(engine: Engine, real_model: Path) -> 
     assert scheduler_records(engine, "graph_capture") == []
 
 
-@pytest.mark.engine(SMOLLM2_BF16_COMPILED)
+@pytest.mark.engine(SMOLLM2_BF16_COMPILED, also=(SMOLLM2_BF16,))
 def test_real_model_compiled_bfloat16_answers_are_eagers(
     engine: Engine, engine_pool: EnginePool, real_model: Path
 ) -> None:

@@ -91,17 +91,21 @@ _SGLANG_OWN: list[list[list[int]]] = []
 def test_bfloat16_sglangs_own_paths_route_nothing(engine: Engine, real_model: Path) -> None:
     _SGLANG_OWN.append(chat_answers(engine, real_model))
     rows = engine.records()
-    assert [r for r in rows if r["event"] == "plugin"], "the plugin still loads"
-    # The switch forces the fused ops; the attention backend is another choice (sglang_fl, the
-    # platform's default, as in the routed engine: the comparison is of the fused ops alone).
+    plugins = [r for r in rows if r["event"] == "plugin"]
+    assert plugins, "the plugin still loads"
+    assert {r["sglang_force_fused_op_backend"] for r in plugins} == {"torch"}, plugins
+    # SGLang's BaseFusedOp.forward runs the forced backend before it would resolve (and so ask
+    # sglang-fl for) a forward: no fused-op layer may be routed. The attention backend is another
+    # choice (sglang_fl, the platform's default, as in the routed engine: the comparison is of
+    # the fused ops alone), and its layers are recorded.
+    assert [r for r in rows if r["event"] == "layer" and r.get("attention_backend")]
     fused = [r for r in rows if r["event"] == "layer" and not r.get("attention_backend")]
-    assert fused, "the scheduler resolved no fused-op layer"
     assert not [r for r in fused if r["runner"] == "sglang-fl"], (
         "SGLang's forced backend wins over sglang-fl's route"
     )
 
 
-@pytest.mark.engine(SMOLLM2_BF16)
+@pytest.mark.engine(SMOLLM2_BF16, also=(SMOLLM2_BF16_SGLANG,))
 def test_bfloat16_answers_are_those_of_sglang_forward_native(
     engine: Engine, engine_pool: EnginePool, real_model: Path, stops: set[int]
 ) -> None:
@@ -129,6 +133,7 @@ def float32_server(
 
 
 @pytest.mark.matrix  # the real model's server: not a shared engine
+@pytest.mark.xdist_group("float32-server")  # one worker: the server starts once
 def test_float32_answers_are_transformers_greedy_answers(
     real_model: Path,
     transformers_answers: list[list[int]],
@@ -148,6 +153,7 @@ def test_float32_answers_are_transformers_greedy_answers(
 
 
 @pytest.mark.matrix  # the real model's server: not a shared engine
+@pytest.mark.xdist_group("float32-server")  # one worker: the server starts once
 def test_openai_client_chats_with_sglang_server(
     real_model: Path,
     transformers_answers: list[list[int]],
@@ -189,6 +195,7 @@ COMPLETION_TOKENS = 12
 
 
 @pytest.mark.matrix  # the real model's server: not a shared engine
+@pytest.mark.xdist_group("float32-server")  # one worker: the server starts once
 def test_completions_return_transformers_token_ids(
     real_model: Path, float32_server: tuple[Server, Path]
 ) -> None:
