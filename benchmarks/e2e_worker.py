@@ -29,11 +29,9 @@ def main(argv: list[str]) -> int:
     server_args = json.loads(rest[1]) if len(rest) > 1 else {}
     if rest and rest[0]:
         server_args["attention_backend"] = rest[0]
-    # The radix cache would let later repetitions skip prefill that earlier ones paid for;
-    # an idle engine sleeps instead of polling, so it does not slow down the one being timed.
-    engine = start_engine(
-        model_dir, dtype, disable_radix_cache=True, sleep_on_idle=True, **server_args
-    )
+    # The radix cache would let later repetitions skip prefill that earlier ones paid for.
+    # (start_engine's idle engines sleep instead of polling: they do not slow the timed one.)
+    engine = start_engine(model_dir, dtype, disable_radix_cache=True, **server_args)
     try:
         print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
         for line in sys.stdin:
