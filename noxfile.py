@@ -381,7 +381,9 @@ def tests(session: nox.Session) -> None:
     """Core unit tests against the installed core wheel."""
     install_torch_cpu(session)
     wheels = built_wheels(session, "core")
-    install_built(session, wheels["core"], extra=("pytest", PYTEST_TIMEOUT, PYTEST_XDIST))
+    # test_scaffold checks new-vendor's output with ruff (formatting, pyflakes).
+    extra = ("pytest", PYTEST_TIMEOUT, PYTEST_XDIST, "ruff>=0.6")
+    install_built(session, wheels["core"], extra=extra)
     run_pytest(session, "core/tests", limit_s=UNIT_TEST_LIMIT_S, workers=TEST_WORKERS)
 
 

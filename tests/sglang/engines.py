@@ -21,7 +21,11 @@ its spec is asked for and keeps it for every later test with an equal spec; aski
 another spec stops the running engine first, so at most one engine is alive. ``conftest.py``
 orders the tests so that each spec's tests run one after another (tests without an engine
 first), so each configuration starts once per run; the terminal summary lists every engine
-start. A spec whose engine failed to start fails its later tests at once, with the same error.
+start. A test that compares with another spec's answers names it,
+``@pytest.mark.engine(SPEC, also=(OTHER,))``: ``OTHER``'s tests come first (and, under
+pytest-xdist, on the same worker), so the answers they leave are reused and neither engine
+starts twice. A spec whose engine failed to start fails its later tests at once, with the same
+error.
 
 Observers ride on a shared engine: its dispatch log (``SGLANG_FL_DISPATCH_LOG``, one per
 engine) holds the records of every test that used it, so a test reads what it needs
