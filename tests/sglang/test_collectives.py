@@ -179,6 +179,9 @@ def test_under_strict_a_failing_communicator_is_an_error_naming_vendor_and_group
         COLLECTIVE_VENDOR_OUT=str(tmp_path / "vendor.jsonl"),
         COLLECTIVE_VENDOR_INIT="raise",
         SGLANG_FL_STRICT="1",
+        # Rank 0 waits in its unique-id broadcast for rank 1, whose set-up raised: bounded by
+        # the plugin timeout (60 s by default), as in the lenient test above.
+        SGLANG_FL_PLUGIN_TIMEOUT="3",
     )
     for rank, proc in enumerate(done):
         assert proc.returncode != 0
