@@ -466,15 +466,21 @@ def companions_of(node: Any) -> tuple[EngineSpec, ...]:
     return also
 
 
-def by_engine(items: list[Any]) -> Iterator[Any]:
-    """``items`` with each spec's tests together, engine-free first, then the specs in
-    first-seen order, except that a spec other tests consult (``also=``) comes before them:
-    its tests leave the answers those tests reuse, so neither engine starts twice."""
+def _consults(items: list[Any]) -> dict[EngineSpec, set[EngineSpec]]:
+    """Each spec of ``items``, in first-seen order -> the specs its tests consult (``also=``)."""
     consults: dict[EngineSpec, set[EngineSpec]] = {}
     for item in items:
         spec = spec_of(item)
         if spec is not None:
             consults.setdefault(spec, set()).update(companions_of(item))
+    return consults
+
+
+def by_engine(items: list[Any]) -> Iterator[Any]:
+    """``items`` with each spec's tests together, engine-free first, then the specs in
+    first-seen order, except that a spec other tests consult (``also=``) comes before them:
+    its tests leave the answers those tests reuse, so neither engine starts twice."""
+    consults = _consults(items)
     order: dict[EngineSpec | None, int] = {None: -1}
     placing: set[EngineSpec] = set()  # a cycle of consults keeps first-seen order
 
@@ -503,9 +509,8 @@ def scheduling_groups(items: list[Any]) -> dict[str, str]:
             spec = parent[spec]
         return spec
 
-    for item in items:
-        spec = spec_of(item)
-        for other in companions_of(item) if spec is not None else ():
+    for spec, consulted in _consults(items).items():
+        for other in consulted:
             parent[root(other)] = root(spec)
     groups = {}
     for item in items:
