@@ -27,6 +27,7 @@ import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 CACHE_ENV = "REAL_MODEL_CACHE"
 
@@ -187,26 +188,40 @@ def until_end_of_turn(ids: Sequence[int], stops: set[int]) -> list[int]:
     return list(ids)
 
 
+def load_float32(model_dir: str | Path) -> Any:
+    """transformers' model of ``model_dir`` in float32, for inference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def greedy_with_logits(
+    model: Any, prompt: Sequence[int], max_new_tokens: int
+) -> tuple[list[int], Any]:
+    """transformers' cached greedy continuation of ``prompt`` (up to and including EOS) and the
+    raw logits it chose each token from, ``[tokens, vocab]``."""
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    return out.sequences[0, ids.shape[1] :].tolist(), torch.cat(out.logits)
+
+
 def hf_greedy_chat(
     model_dir: str | Path, input_ids: Sequence[Sequence[int]], max_new_tokens: int
 ) -> list[list[int]]:
     """transformers' float32 greedy continuation of each prompt: the ground truth for SGLang."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    results = []
-    with torch.no_grad():
-        for ids in input_ids:
-            prompt = torch.tensor([list(ids)])
-            out = model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-            )
-            results.append(out[0, prompt.shape[1] :].tolist())
-    return results
+    model = load_float32(model_dir)
+    return [greedy_with_logits(model, ids, max_new_tokens)[0] for ids in input_ids]
 
 
 def main(argv: list[str] | None = None) -> int:
