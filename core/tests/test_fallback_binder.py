@@ -86,6 +86,57 @@ def test_serve_names_the_implementation_whose_result_it_is() -> None:
     assert [d.impl_id for d in declines] == ["vendor.acme.silu"]  # serve reports as fn does
 
 
+def test_the_first_call_is_reported_once_naming_the_implementation_that_served_it() -> None:
+    """What was called, not only what was bound: the first call's server, a fallback when the
+    chosen implementation declined it; later calls and serve() report nothing more."""
+    served: list[OpImpl] = []
+    chain = FallbackChain(SILU.name, CHAIN, on_first_call=served.append)
+    assert chain.fn is not chain.impls[0].fn
+    x = torch.randn(3, 20)
+    torch.testing.assert_close(chain.fn(None, x), SILU.reference(None, x))
+    assert [impl.impl_id for impl in served] == ["reference.silu_and_mul"]
+    chain.fn(None, torch.randn(3, 8))
+    chain.serve((None, torch.randn(3, 8)), {})
+    assert len(served) == 1
+    # Through serve() first (verify mode's path), with the chosen one accepting.
+    served.clear()
+    chain = FallbackChain(SILU.name, CHAIN, on_first_call=served.append)
+    impl_served, _ = chain.serve((None, torch.randn(3, 8)), {})
+    assert served == [impl_served] == [CHAIN[0]]
+    chain.fn(None, torch.randn(3, 20))
+    assert served == [CHAIN[0]]
+
+
+def test_a_first_call_that_raises_is_not_reported_and_one_candidate_is_observed_too() -> None:
+    served: list[OpImpl] = []
+
+    def broken(obj: Any, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            raise RuntimeError("acme: the device went away")
+        return SILU.reference(obj, x)
+
+    only = (impl("vendor.acme.silu", broken),)
+    chain = FallbackChain(SILU.name, only, on_first_call=served.append)
+    with pytest.raises(RuntimeError, match="went away"):
+        chain.fn(None, torch.randn(0, 8))
+    assert served == []
+    chain.fn(None, torch.randn(2, 8))
+    assert [i.impl_id for i in served] == ["vendor.acme.silu"]
+
+
+def test_a_traced_call_is_not_observed_and_the_graph_has_no_break() -> None:
+    """Under torch.compile the observer steps aside before reading its flag: a fullgraph trace
+    succeeds, reports nothing, and the eager call after it is still the first reported."""
+    served: list[OpImpl] = []
+    chain = FallbackChain(SILU.name, CHAIN[1:], on_first_call=served.append)
+    compiled = torch.compile(lambda x: chain.fn(None, x), fullgraph=True, backend="eager")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(x), SILU.reference(None, x))
+    assert served == []
+    chain.fn(None, x)
+    assert [i.impl_id for i in served] == ["reference.silu_and_mul"]
+
+
 def test_strict_keeps_the_chosen_alone_and_its_decline_is_an_error() -> None:
     fallback_calls = []
 

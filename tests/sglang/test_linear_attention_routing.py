@@ -3,7 +3,8 @@
 A hook is called the way SGLang 0.5.23's GDN backend calls the function it replaces
 (``gdn_backend.py``, ``kernels/gdn_triton.py``); calls outside the op's contract go to SGLang's
 own function; an implementation declining a call hands it to the next candidate, and the first
-decline per implementation and reason is a ``function`` record naming both and the reason.
+decline per implementation and reason is a ``function`` record naming both and the reason, and
+the first call a ``called`` record naming the implementation that served it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sglang_fl import Unsupported
 from sglang_fl.dispatch.binder import FallbackChain
 from sglang_fl.dispatch.types import BackendImplKind, OpImpl
 from sglang_fl.dispatch_report import DispatchReport, read_log
-from sglang_fl.integrations.sglang.function_routes import report_declines
+from sglang_fl.integrations.sglang.function_routes import report_declines, report_first_call
 from sglang_fl.integrations.sglang.linear_attention import GDN_ROUTES
 from sglang_fl.ops import get_contract
 
@@ -132,8 +133,12 @@ def test_a_decline_is_reported_once_and_the_next_candidate_serves(tmp_path: Path
     ]
     log = tmp_path / "dispatch.jsonl"
     route = ROUTES["fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode"]
-    declines = report_declines(DispatchReport(log), route.target)
-    hook = route.adapt(FallbackChain(contract.name, chain, on_decline=declines).fn)
+    report = DispatchReport(log)
+    declines = report_declines(report, route.target)
+    called = report_first_call(report, route.target)
+    hook = route.adapt(
+        FallbackChain(contract.name, chain, on_decline=declines, on_first_call=called).fn
+    )
     for case in contract.cases:
         inputs = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())
         expect = contract.make_inputs(case, torch.float32, torch.device("cpu"), torch.Generator())
@@ -152,6 +157,15 @@ def test_a_decline_is_reported_once_and_the_next_candidate_serves(tmp_path: Path
         "acme: 3 value heads; the kernel needs a multiple of 4",
     }
     assert {r["op"] for r in rows} == {contract.name}
+    # What was called, once: the first case's call, served by whoever took it.
+    first = "vendor.acme.gdn" if calls[0] % 4 == 0 else "reference.gdn"
+    (record,) = [r for r in read_log(log) if r["event"] == "called"]
+    assert (record["function"], record["op"], record["impl_id"]) == (
+        route.target,
+        contract.name,
+        first,
+    )
+    assert record["runner"] == "sglang-fl"
 
 
 def test_one_layer_and_all_layer_track_hooks_copy_the_same_rows() -> None:

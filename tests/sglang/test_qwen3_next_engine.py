@@ -138,3 +138,18 @@ def test_every_gdn_kernel_runs_through_sglang_fl(engine: Engine) -> None:
     assert store is None or "is not the token-level MHA pool" in store["reason"], store
     assert not not_routed, f"fused ops left to SGLang: {set(not_routed)}"
     assert not [r for r in rows if r["event"] == "handoff"], "nothing is handed back"
+    # What was called, not only what was bound: each function's first call names who served it,
+    # one of the candidates its routing record bound; a function the model never calls (the
+    # other architecture's) is bound and has no such record.
+    bound = {(r["pid"], r["function"]): r for r in functions}
+    called = [r for r in rows if r["event"] == "called" and r["pid"] in scheduler]
+    assert len(called) == len({(r["pid"], r["function"]) for r in called}), "once per process"
+    for row in called:
+        routing = bound[row["pid"], row["function"]]
+        assert row["op"] == routing["op"], row
+        assert row["impl_id"] in [routing["impl_id"], *routing["fallbacks"]], (row, routing)
+    called_ops = {r["op"] for r in called}
+    assert {"chunk_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update"} <= called_ops
+    if "qwen3_5" not in engine.spec.model:
+        assert "fused_sigmoid_mul" in routed_ops  # bound, ...
+        assert "fused_sigmoid_mul" not in called_ops  # ... never called: Qwen3.5's gate

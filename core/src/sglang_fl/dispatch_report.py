@@ -53,6 +53,7 @@ class ReportEvent(StrEnum):
     LAYER = "layer"  # a fused-op class (or one refused instance) was first resolved here
     HANDOFF = "handoff"  # a call was first handed to SGLang's own forward, for this reason
     FUNCTION = "function"  # a kernel function SGLang's model code calls was routed (or not)
+    CALLED = "called"  # a routed function's first call here: the implementation that served it
     FALLBACK = "fallback"  # an implementation first declined a call; the next candidate ran it
     VERIFY = VERIFY_EVENT  # verify mode checked one routed call against the op's reference
     COLLECTIVE = "collective"  # who serves one collective of one process group (once per group)

@@ -10,7 +10,10 @@ that failed is never re-run elsewhere); and under ``SGLANG_FL_STRICT=1`` the cha
 chosen implementation alone, whose decline is a :class:`~sglang_fl.errors.StrictModeError`
 naming the op and the implementation. A decline's reason is plugin text: cut at
 :data:`~sglang_fl.guard.PLUGIN_TEXT_LIMIT`, and an implementation whose declines keep giving
-new reasons is reported for its first :data:`REASONS_REPORTED` only.
+new reasons is reported for its first :data:`REASONS_REPORTED` only. A caller that reports
+what was *called*, not only what was bound, gives the chain an ``on_first_call`` sink: it
+learns which implementation served the chain's first call (the chosen one, or the fallback a
+decline handed it to).
 """
 
 from __future__ import annotations
@@ -21,12 +24,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .._forksafe import reset_locks_in_child
 from ..errors import StrictModeError, Unsupported
 from ..guard import exception_text
 from .types import OpImpl
 
-__all__ = ["REASONS_REPORTED", "BeforeNext", "Decline", "DeclineSink", "FallbackChain"]
+__all__ = [
+    "REASONS_REPORTED",
+    "BeforeNext",
+    "Decline",
+    "DeclineSink",
+    "FallbackChain",
+    "FirstCallSink",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +63,8 @@ DeclineSink = Callable[[Decline], object]
 # next candidate runs; it may raise to stop the call there (a collective's ranks confirming
 # that every one of them declined it, :class:`sglang_fl.communicators.DeclineCheck`).
 BeforeNext = Callable[[int, Unsupported], None]
+# Receives, once per chain, the implementation that served its first eager call.
+FirstCallSink = Callable[[OpImpl], object]
 
 
 class FallbackChain:
@@ -62,7 +76,12 @@ class FallbackChain:
     then a :class:`~sglang_fl.errors.StrictModeError`. ``on_decline`` is called, after the log
     warning, once per declining implementation and reason in this chain's life (one chain per
     op and process wherever records must not repeat). ``before_next`` is called on every
-    decline, before the next candidate runs (see :data:`BeforeNext`).
+    decline, before the next candidate runs (see :data:`BeforeNext`). ``on_first_call`` is
+    called once, after the chain's first eager call returned, with the implementation that
+    served it (through :attr:`fn` or :meth:`serve`); :attr:`fn` is then a wrapper whose later
+    calls cost one frame and a flag test more. Calls traced by ``torch.compile`` are not
+    observed (the wrapper steps aside, so the trace holds no flag and no report), nor calls
+    that raised.
     """
 
     def __init__(
@@ -73,6 +92,7 @@ class FallbackChain:
         strict: bool = False,
         on_decline: DeclineSink | None = None,
         before_next: BeforeNext | None = None,
+        on_first_call: FirstCallSink | None = None,
     ) -> None:
         if not candidates:
             raise ValueError(f"op {op!r}: a fallback chain needs at least one candidate")
@@ -86,7 +106,13 @@ class FallbackChain:
         self._reasons: dict[str, int] = {}  # impl_id -> distinct reasons reported
         self._lock = threading.Lock()
         reset_locks_in_child(self)
-        self.fn: Callable[..., Any] = self._bind()
+        self.on_first_call = on_first_call
+        # Nothing to observe without a sink: serve() then never takes the lock.
+        self._called = on_first_call is None
+        self._bound = self._bind()
+        self.fn: Callable[..., Any] = (
+            self._bound if on_first_call is None else self._observed(self._bound)
+        )
 
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -98,9 +124,35 @@ class FallbackChain:
         judged, not the chosen one that declined the call.
         """
         if len(self.impls) == 1:
-            return self.impls[0], self.fn(*args, **kwargs)
-        index, result = self._walk(0, args, kwargs)
-        return self.impls[index], result
+            impl, result = self.impls[0], self._bound(*args, **kwargs)
+        else:
+            index, result = self._walk(0, args, kwargs)
+            impl = self.impls[index]
+        if not self._called:
+            self._first_call(impl)
+        return impl, result
+
+    def _observed(self, bound: Callable[..., Any]) -> Callable[..., Any]:
+        """``bound`` behind a test of whether the first call was reported yet."""
+        serve, compiling = self.serve, torch.compiler.is_compiling
+
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            # compiling() first: a trace never reads the flag (no guard on it, no recompile).
+            if compiling() or self._called:
+                return bound(*args, **kwargs)
+            return serve(args, kwargs)[1]
+
+        observed.__name__ = observed.__qualname__ = getattr(bound, "__name__", self.op)
+        observed.__wrapped__ = bound  # type: ignore[attr-defined]
+        return observed
+
+    def _first_call(self, impl: OpImpl) -> None:
+        with self._lock:
+            if self._called:  # another thread's call came first
+                return
+            self._called = True
+        assert self.on_first_call is not None
+        self.on_first_call(impl)
 
     def _bind(self) -> Callable[..., Any]:
         first = self.impls[0]

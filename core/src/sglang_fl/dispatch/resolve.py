@@ -17,7 +17,7 @@ from .._strenum import StrEnum
 from ..errors import NoImplementationError, StrictModeError
 from ..schema import CandidateJson, DecisionJson, provenance_fields
 from .availability import AvailabilityCache
-from .binder import DeclineSink, FallbackChain
+from .binder import DeclineSink, FallbackChain, FirstCallSink
 from .policy import OrderPlan, SelectionPolicy
 from .registry import OpRegistry
 from .types import Availability, OpImpl
@@ -118,12 +118,23 @@ class Resolution:
     chain: tuple[OpImpl, ...] = ()
     strict: bool = False
 
-    def bind(self, on_decline: DeclineSink | None = None) -> FallbackChain:
+    def bind(
+        self,
+        on_decline: DeclineSink | None = None,
+        on_first_call: FirstCallSink | None = None,
+    ) -> FallbackChain:
         """A new binding of this decision's candidates, each first decline per implementation
         and reason also handed to ``on_decline`` (bind once per op and process, so that a
-        report does not repeat itself)."""
+        report does not repeat itself), and the implementation that served its first call to
+        ``on_first_call``."""
         ranked = (self.decision.chosen, *self.decision.fallbacks)
-        return FallbackChain(self.op, ranked, strict=self.strict, on_decline=on_decline)
+        return FallbackChain(
+            self.op,
+            ranked,
+            strict=self.strict,
+            on_decline=on_decline,
+            on_first_call=on_first_call,
+        )
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ each replaced or wrapped by one hook in SGLang's ``HookRegistry`` instead. For e
 (a decline is a ``function`` record naming who declined, why, and who served), puts the
 process's verifier around it (verify mode checks a function's first calls against the op's
 reference, labelled by the function's dotted path), registers the hook the route's adapter
-builds around it, and reports the outcome as one ``function`` record.
+builds around it, and reports the outcome as one ``function`` record. That record says what
+was *bound*, when the plugin loaded; a model that never calls the function leaves it at that.
+The function's first call adds a ``called`` record naming the implementation that served it
+(the chosen one, or the candidate a decline handed the call to).
 A route is left to SGLang where no implementation survives (an error under
 ``SGLANG_FL_STRICT=1``), and where SGLang's Triton kernel runs here and only the reference
 implements the op.
@@ -19,17 +22,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...dispatch.binder import Decline, DeclineSink
-from ...dispatch.types import BackendImplKind
+from ...dispatch.binder import Decline, DeclineSink, FirstCallSink
+from ...dispatch.types import BackendImplKind, OpImpl
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import NoImplementationError
 from ...graph import graph_safe
 from ...ops.graph_spec import GRAPH_SPECS
 from ...runtime import Runtime
+from ...schema import impl_fields
 from ...verify import Verifier
 from .compat import SglangApi
 
-__all__ = ["FunctionRoute", "report_declines", "route_functions", "triton_driver_active"]
+__all__ = [
+    "FunctionRoute",
+    "report_declines",
+    "report_first_call",
+    "route_functions",
+    "triton_driver_active",
+]
 
 Forward = Callable[..., Any]
 
@@ -107,7 +117,9 @@ def route_functions(
             )
             continue
         runtime.bound(route.op_name, chosen)
-        chain = resolution.bind(report_declines(report, route.target))
+        chain = resolution.bind(
+            report_declines(report, route.target), report_first_call(report, route.target)
+        )
         fn = chain.fn
         if route.op_name in GRAPH_SPECS:
             fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
@@ -141,3 +153,19 @@ def report_declines(report: DispatchReport, target: str) -> DeclineSink:
         )
 
     return report_decline
+
+
+def report_first_call(report: DispatchReport, target: str) -> FirstCallSink:
+    """The first-call sink of ``target``'s chain: a ``called`` record naming the function, its
+    op and the implementation that served the call (with its provenance)."""
+
+    def report_called(impl: OpImpl) -> None:
+        report.emit(
+            ReportEvent.CALLED,
+            runner=Runner.SGLANG_FL,
+            function=target,
+            op=impl.op_name,
+            **impl_fields(impl),
+        )
+
+    return report_called
