@@ -149,11 +149,11 @@ ATTENTION_VALID: list[Call] = [
         value=t(2, 32, 128),
         block_table=torch.tensor([[1], [0]], dtype=INT32),
     ),
-    decode(
-        block_size=8,
-        key=t(6, 8, 128),
-        value=t(6, 8, 128),
-        block_table=torch.tensor([[2, 0, 3], [0, 1, 4]], dtype=INT32),
+    decode(  # one query token: any multiple of 16 up to 512, not only powers of two
+        block_size=48,
+        key=t(2, 48, 128),
+        value=t(2, 48, 128),
+        block_table=torch.tensor([[1], [0]], dtype=INT32),
     ),
     decode(atten_mask=WINDOW, sparse_mode=0),
     extend(),

@@ -180,13 +180,17 @@ class AttentionOperators(SdkDouble):
     )
     FIA_BLOCK_SIZE = Constraint(
         FIA,
-        "block_size: with one query token 1..512; otherwise 128..512 in multiples of 128, "
-        "but in TND multiples of 16 up to 1024",
+        "block_size: with one query token a non-zero multiple of 16 up to 512 (float16/"
+        "bfloat16 K/V); otherwise 128..512 in multiples of 128, but in TND multiples of 16 up "
+        "to 1024",
         FIA_DOC.format(
             "PageAttention约束: block_size Q_S > 1 最小128，最大512，须128倍数; "
-            "Q_S = 1 非0，最大512; "
+            "Q_S = 1 非0，最大512，float16/bfloat16需16字节对齐; "
             "TND布局约束 (query D != 512): PageAttention仅block_size须为16的倍数且 ≤ 1024"
-        ),
+        )
+        + "; op-plugin 26.0.0 docs/en page, When Q_S is equal to 1, Page attention scenarios: "
+        "'When the input data types of key and value are float16 or bfloat16, the block_size "
+        "must be a multiple of 16' (the same in the 7.3.0 and 26.1.0 pages)",
     )
     FIA_TND_HEAD_DIM = Constraint(
         FIA,
@@ -437,7 +441,7 @@ class AttentionOperators(SdkDouble):
         if tnd:
             block_ok = block_size % 16 == 0 and 0 < block_size <= 1024
         elif one_token:
-            block_ok = 0 < block_size <= 512
+            block_ok = block_size % 16 == 0 and 0 < block_size <= 512
         else:
             block_ok = 128 <= block_size <= 512 and block_size % 128 == 0
         self.FIA_BLOCK_SIZE.check(

@@ -11,7 +11,7 @@
   (``ASCEND_USE_FIA=1``, read with the platform, puts FIA first). Each serves what the other
   declines: PagedAttention has no window, FIA takes one as SGLang's ``swa_mask``, a
   ``(B, KV_S)`` bool mask at one query token; FIA needs one head size for key and value,
-  PagedAttention does not.
+  PagedAttention does not; FIA takes blocks of 16 up to 512, PagedAttention up to 128.
 - ``extend_attention``: FIA in the ``TND`` layout where Atlas A2/A3's TND holds (head sizes
   128, or 192 with a value head of 128/192; blocks in multiples of 16 up to 1024), else one
   ``BSND`` call per request (what SGLang does when ``_can_use_tnd`` is false):
@@ -64,6 +64,10 @@ MAX_HEAD_DIM = 512
 MAX_HEADS = 256
 MAX_GROUP = 64  # num_heads / num_key_value_heads
 MAX_BLOCK = 512  # PageAttention block_size, decode and BSND prefill
+# One query token: float16/bfloat16 K/V take blocks in multiples of 16 (the API page's Q_S = 1
+# PageAttention constraints: "must be a multiple of 16" in the 7.3.0, 26.0.0 and 26.1.0
+# pages, "16字节对齐" on master, whose summary table omits it).
+ONE_TOKEN_BLOCK_ALIGN = 16
 PREFILL_BLOCK = 128  # Q_S > 1 outside TND: block_size a multiple of 128, at least 128
 MAX_TND_BLOCK = 1024  # TND with PageAttention: multiples of 16 up to 1024
 TND_BLOCK_ALIGN = 16
@@ -190,9 +194,11 @@ def _one_head_dim(q: torch.Tensor, v_cache: torch.Tensor) -> Why:
 
 
 def _fia_one_token_block(page_size: int) -> Why:
-    if not 0 < page_size <= MAX_BLOCK:
+    if page_size % ONE_TOKEN_BLOCK_ALIGN or not 0 < page_size <= MAX_BLOCK:
         return (
-            f"{_FIA}: with one query token block_size is 1..{MAX_BLOCK}, got page size {page_size}"
+            f"{_FIA}: with one query token and float16/bfloat16 K/V, block_size is a non-zero "
+            f"multiple of {ONE_TOKEN_BLOCK_ALIGN} up to {MAX_BLOCK} (Q_S = 1 PageAttention "
+            f"constraints), got page size {page_size}"
         )
     return None
 
