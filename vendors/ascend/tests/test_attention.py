@@ -26,6 +26,7 @@ from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
 from torch._subclasses.fake_tensor import FakeTensor
 from attention_calls import decode as fia_decode_call
+from attention_calls import extend as fia_extend_call
 from attention_calls import t
 from torch_npu_double import TorchNpuDouble
 
@@ -340,6 +341,19 @@ def test_tnd_takes_a_192_key_head_with_a_128_value_head(torch_npu: TorchNpuDoubl
     assert key.shape[-1] == 2 * 192
     assert value.shape[-1] == 2 * 128
     assert out.shape == (101, 4, 128)
+
+
+@pytest.mark.parametrize("version", ["2.7.1", "2.8.0.post1", "2.6.0.post4", "2.5.1"])
+def test_before_7_3_0_tnd_is_left_for_one_bsnd_call_per_request(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The op-plugin 7.1.0/7.2.0 pages' TND takes no PageAttention: a 7.2.0 build (or older)
+    extends per request in BSND, where TND holds on a 7.3.0 build; the double refuses TND."""
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(version=version), TORCH_NPU)
+    extend_at_npu_page_size(EXTEND_LAYERS["causal"], torch.bfloat16, 128)
+    assert [call.kwargs["input_layout"] for call in torch_npu.calls] == ["BSND"] * 3
+    with pytest.raises(ConstraintViolation, match="TND with PageAttention only from"):
+        fia_extend_call()(torch_npu)
 
 
 @pytest.mark.parametrize("page_size", [16, 1024])

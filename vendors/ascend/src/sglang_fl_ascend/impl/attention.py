@@ -12,8 +12,9 @@
   declines: PagedAttention has no window, FIA takes one as SGLang's ``swa_mask``, a
   ``(B, KV_S)`` bool mask at one query token; FIA needs one head size for key and value,
   PagedAttention does not; FIA takes blocks of 16 up to 512, PagedAttention up to 128.
-- ``extend_attention``: FIA in the ``TND`` layout where Atlas A2/A3's TND holds (head sizes
-  128, or 192 with a value head of 128/192; blocks in multiples of 16 up to 1024), else one
+- ``extend_attention``: FIA in the ``TND`` layout where Atlas A2/A3's TND holds (a 7.3.0
+  build or later, whose pages first allow PageAttention in TND; head sizes 128, or 192 with a
+  value head of 128/192; blocks in multiples of 16 up to 1024), else one
   ``BSND`` call per request (what SGLang does when ``_can_use_tnd`` is false):
   ``sparse_mode=3`` (right-down causal, with the 2048 x 2048 mask the API requires),
   ``sparse_mode=4`` (band: ``pre_tokens`` = window, ``next_tokens`` = 0) for a sliding window,
@@ -379,7 +380,15 @@ def extend_attention(
 
 
 def _tnd_declines(q: torch.Tensor, v_cache: torch.Tensor, page_size: int, batch: int) -> Why:
-    """FIA's TND on Atlas A2/A3 (its "TND布局约束", query D != 512): head sizes, blocks, batch."""
+    """FIA's TND on Atlas A2/A3 (its "TND布局约束", query D != 512): the release, head sizes,
+    blocks, batch."""
+    found = platform()
+    if not found.extension_7_3:
+        return (
+            f"{_FIA}: TND takes PageAttention from the Ascend Extension for PyTorch 7.3.0 builds "
+            f"(2.6.0.post5, 2.7.1.post2, 2.8.0.post2, 2.9.0+; the op-plugin 7.1.0/7.2.0 pages, "
+            f"TND with query D != 512: '不支持...page attention'), not {found.describe()}"
+        )
     dims = (q.shape[-1], v_cache.shape[-1])
     if dims not in TND_HEAD_DIMS:
         return (
