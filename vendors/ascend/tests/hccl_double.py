@@ -66,7 +66,15 @@ FIRST_26_POST = {"2.7.1": 4, "2.8.0": 4, "2.9.0": 2}
 # the v7.2.0 and v7.3.0 tags) and a5ExtraDataTypes (:180-182, master 779d1de6c of 2026-08-20,
 # absent from every tag up to v26.2.0-beta.1, whose torch_npu is 2.13.0).
 CHECKED = frozenset(
-    {torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32, torch.bfloat16}
+    {
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.bfloat16,
+    }
 )
 A5_EXTRA = frozenset({torch.uint64, torch.float64})
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 import torch
+from attention_calls import decode as fia_decode_call
+from attention_calls import extend as fia_extend_call
+from attention_calls import t
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
 from torch._subclasses.fake_tensor import FakeTensor
-from attention_calls import decode as fia_decode_call
-from attention_calls import extend as fia_extend_call
-from attention_calls import t
 from torch_npu_double import TorchNpuDouble
 
 from sglang_fl import Unsupported

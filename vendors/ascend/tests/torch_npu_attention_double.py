@@ -212,8 +212,8 @@ class AttentionOperators(SdkDouble):
     )
     FIA_TND_PAGED = Constraint(
         FIA,
-        "TND with PageAttention only from an Ascend Extension for PyTorch 7.3.0 build (2.6.0.post5, "
-        "2.7.1.post2, 2.8.0.post2, 2.9.0 and later)",
+        "TND with PageAttention only from an Ascend Extension for PyTorch 7.3.0 build "
+        "(2.6.0.post5, 2.7.1.post2, 2.8.0.post2, 2.9.0 and later)",
         "op-plugin 7.1.0/7.2.0 docs/context/torch_npu-npu_fused_infer_attention_score.md, TND "
         "with query D != 512: '不支持左padding、tensorlist、pse、page attention、prefix、...'; the "
         "7.3.0 page: 'page attention场景下仅支持blocksize为16对齐且小于等于1024'; Ascend/pytorch "

@@ -4,9 +4,10 @@ Besides the import and the device count, the probe reads what the adapters' oper
 on (:func:`platform`): the torch_npu release (its MoE gating operator changed with Ascend
 Extension for PyTorch 7.2.0; releases before 2.4.0 may pair with a CANN whose KV store takes
 one head size only; FIA's TND layout takes PageAttention from Ascend Extension for PyTorch
-7.3.0; HCCL's gather, float8 and 16-64-bit unsigned dtypes came with 26.0.0), the SoC generation (bfloat16 GELUs, ND paged attention and
-HCCL's compatible gather exist on A2/A3 only; float64 reductions on Ascend 950 only) and
-SGLang's ``ASCEND_USE_FIA`` switch (which decode operator comes first).
+7.3.0; HCCL's gather, float8 and 16-64-bit unsigned dtypes came with 26.0.0), the SoC
+generation (bfloat16 GELUs, ND paged attention and HCCL's compatible gather exist on A2/A3
+only; float64 reductions on Ascend 950 only) and SGLang's ``ASCEND_USE_FIA`` switch (which
+decode operator comes first).
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ class NpuPlatform:
     fia_decode: bool = False  # ASCEND_USE_FIA: decode on FIA first, as SGLang does
     post: int = 0  # the ``.postN`` of the version (0 without one)
 
-    def _built_since(self, first_post: dict[tuple[int, int, int], int], lines: tuple[int, ...]) -> bool:
+    def _built_since(
+        self, first_post: dict[tuple[int, int, int], int], lines: tuple[int, int, int]
+    ) -> bool:
         if self.release is None:
             return False
         if self.release >= lines:
