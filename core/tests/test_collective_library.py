@@ -83,6 +83,22 @@ def test_reductions_take_their_own_dtypes_moves_take_the_library_s() -> None:
     assert [name for name, _ in api.calls] == ["broadcast"]
 
 
+def test_moves_of_release_dependent_dtypes_follow_the_release() -> None:
+    api = Recorder()
+    newer = [False]
+    moves = DtypeSet(FLOATS, "lib.h, 2.x", frozenset({torch.float8_e5m2}), lambda: newer[0], "2.x+")
+    lib = library(move_dtypes=moves, api=api)
+    adapters = lib.implementations()
+    eight = torch.zeros(4, dtype=torch.float8_e5m2)
+    with pytest.raises(Unsupported, match=r"float8_e5m2 is not one its data movement .*2\.x\+"):
+        adapters["broadcast"](group(), eight, 1)
+    newer[0] = True
+    adapters["broadcast"](group(), eight, 1)
+    with pytest.raises(Unsupported, match=r"dtype torch.uint8 is not one its data movement"):
+        adapters["broadcast"](group(), torch.zeros(4, dtype=torch.uint8), 1)  # not in move_dtypes
+    assert [name for name, _ in api.calls] == ["broadcast"]
+
+
 def test_device_dependent_dtypes_are_asked_only_for_those_dtypes() -> None:
     asked: list[bool] = []
 

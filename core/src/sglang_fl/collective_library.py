@@ -120,7 +120,9 @@ class ProcessGroupLibrary:
 
     - ``backend``: the name ``torch.distributed.get_backend`` reports for the library's groups;
     - ``dtypes``: the dtypes it moves (``dtypes_source`` documents them); ``reduce_dtypes``:
-      those its reductions take, when fewer (``None``: the same);
+      those its reductions take, when fewer (``None``: the same); ``move_dtypes``: the moved
+      ones as a :class:`DtypeSet` when some are moved only on some devices or releases (its
+      ``dtypes`` those moved everywhere, replacing ``dtypes``; ``None``: ``dtypes``);
     - ``uneven``: how uneven ``all_gatherv``/``reduce_scatterv`` are served: ``None`` through
       the even calls (padded to the widest rank, or an all-reduce of which each rank keeps its
       rows: what the references do), an :class:`UnevenCalls` through the library's own
@@ -137,6 +139,7 @@ class ProcessGroupLibrary:
     dtypes_source: str
     layout_source: str
     reduce_dtypes: DtypeSet | None = None
+    move_dtypes: DtypeSet | None = None
     uneven: str | UnevenCalls | None = None
     requirements: Mapping[str, Callable[[], str | None]] = field(default_factory=dict)
     api: Any = None  # torch.distributed's functions; None: torch.distributed itself
@@ -153,6 +156,8 @@ class ProcessGroupLibrary:
         """The dtypes collectives of ``kind`` take on this library."""
         if kind is CollectiveKind.REDUCE and self.reduce_dtypes is not None:
             return self.reduce_dtypes
+        if self.move_dtypes is not None:
+            return self.move_dtypes
         return DtypeSet(self.dtypes, self.dtypes_source)
 
     # -- the communicator lifecycle -------------------------------------------------------

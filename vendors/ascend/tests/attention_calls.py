@@ -149,11 +149,11 @@ ATTENTION_VALID: list[Call] = [
         value=t(2, 32, 128),
         block_table=torch.tensor([[1], [0]], dtype=INT32),
     ),
-    decode(
-        block_size=8,
-        key=t(6, 8, 128),
-        value=t(6, 8, 128),
-        block_table=torch.tensor([[2, 0, 3], [0, 1, 4]], dtype=INT32),
+    decode(  # one query token: any multiple of 16 up to 512, not only powers of two
+        block_size=48,
+        key=t(2, 48, 128),
+        value=t(2, 48, 128),
+        block_table=torch.tensor([[1], [0]], dtype=INT32),
     ),
     decode(atten_mask=WINDOW, sparse_mode=0),
     extend(),
@@ -206,6 +206,7 @@ ATTENTION_REJECTED: dict[Constraint, Call] = {
         value=t(6, 64, 128),
         block_table=torch.tensor([[1, 2, 3]], dtype=INT32),
     ),
+    A.FIA_TND_PAGED: lambda _: extend()(TorchNpuDouble(version="2.8.0.post1")),  # 7.2.0.1
     A.FIA_TND_HEAD_DIM: extend(query=t(5, 4, 64), key=t(3, 128, 2 * 64), value=t(3, 128, 2 * 64)),
     A.FIA_ONE_TOKEN_MASK: decode(atten_mask=WINDOW[:, :16], sparse_mode=0),
     A.FIA_SEQ_KV: decode(actual_seq_lengths_kv=[5, 40]),

@@ -6,22 +6,26 @@ adapters call on the engine's ``hccl`` device group, and for torch_npu's own une
 so they run here without an NPU: the calls go to the gloo group the test ranks share (CPU
 tensors stand for the rank's NPU tensors), after every check ``ProcessGroupHCCL`` makes, each a
 :class:`~sglang_fl.testing.doubles.Constraint` naming its source: torch_npu's source (``master``,
-which builds 2.14.0/2.15.0) and the HCCL API reference (``hccl.h``). It emulates one SoC
-(``soc_version``, as ``torch_npu.npu.get_soc_version()`` reports it) and reads
-``TORCH_NPU_USE_COMPATIBLE_IMPL`` when built, as torch_npu does at start-up.
+which builds 2.14.0/2.15.0), the release tags of Ascend/pytorch where a check changed between
+releases, and the HCCL API reference (``hccl.h``). It emulates one torch_npu release
+(``version``, as ``torch_npu.__version__`` reads) on one SoC (``soc_version``, as
+``torch_npu.npu.get_soc_version()`` reports it) and reads ``TORCH_NPU_USE_COMPATIBLE_IMPL``
+when built, as torch_npu does at start-up. Its dtype tables and release rules are read from
+the sources here, not taken from the adapters.
 ``install()`` puts it in place in a rank (``run_collective_checks(prepare=...)``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
 import torch
 from sglang_fl_ascend.backend import TORCH_NPU
-from sglang_fl_ascend.impl.collectives import COMPATIBLE_IMPL, MOVED, REDUCED, REDUCED_ON_950
-from torch_npu_double import A2_SOC, TorchNpuDouble
+from sglang_fl_ascend.impl.collectives import COMPATIBLE_IMPL
+from torch_npu_double import A2_SOC, DOUBLE_RELEASE, TorchNpuDouble
 
 from sglang_fl.testing.collective_doubles import ProcessGroupDouble
 from sglang_fl.testing.doubles import Constraint
@@ -30,30 +34,89 @@ PG = "torch_npu/csrc/distributed/ProcessGroupHCCL.cpp"
 C10D = "torch_npu/distributed/distributed_c10d.py"
 API = "HCCL API reference (CANN), hccl.h"
 ASCEND_950 = 260  # SocVersion::Ascend950; A2 is 220-225 and A3 250-255 (IsCompatibleSoc)
+TAGS = "Ascend/pytorch tags v7.3.1-pytorch2.7.1/2.8.0/2.9.0 and v26.0.0-pytorch2.7.1/.../2.10.0"
+
+# kScalarTypeToHcclDataType (HCCLUtils.cpp) in the v7.3.1 tags (and every earlier one read):
+# bool travels as HCCL_DATA_TYPE_UINT8.
+MAPPED = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+        torch.bfloat16,
+    }
+)
+# The entries the v26.0.0 tags' map adds (master 6002c111d "[950] Add 950 support": float8;
+# 89aa5d16a "add datatypes for HCCLUtils": the unsigned ones); HCCLUtils.cpp:49-65 on master.
+MAPPED_FROM_26 = frozenset(
+    {torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64}
+)
+# A 26.0.0 build (v26.0.0-pytorch2.7.1): what the kit's ranks emulate, so gather is served.
+RELEASE_26 = "2.7.1.post4+double"
+# The first 26.0.0 build of each line (version.txt of the v26.0.0 tags); 2.10.0 and later lines
+# were first built by 26.0.0.
+FIRST_26_POST = {"2.7.1": 4, "2.8.0": 4, "2.9.0": 2}
+# checkSupportedDataType's supportedDataTypes (ProcessGroupHCCL.cpp:170-178, the same set in
+# the v7.2.0 and v7.3.0 tags) and a5ExtraDataTypes (:180-182, master 779d1de6c of 2026-08-20,
+# absent from every tag up to v26.2.0-beta.1, whose torch_npu is 2.13.0).
+CHECKED = frozenset(
+    {
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.bfloat16,
+    }
+)
+A5_EXTRA = frozenset({torch.uint64, torch.float64})
+
+
+def _release(version: str) -> tuple[tuple[int, int, int], int]:
+    """``((major, minor, patch), post)`` of a torch_npu version string."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", version)
+    assert match, version
+    return (int(match[1]), int(match[2]), int(match[3])), int(match[4] or 0)
+
+
+def is_26_build(version: str) -> bool:
+    """Whether ``version`` is an Ascend Extension for PyTorch 26.0.0 build or later."""
+    release, post = _release(version)
+    line = ".".join(map(str, release))
+    return release >= (2, 10, 0) or (line in FIRST_26_POST and post >= FIRST_26_POST[line])
 
 
 class HcclDouble(ProcessGroupDouble):
     """``ProcessGroupHCCL``'s collectives, checked as torch_npu checks them, run on gloo."""
 
     BACKEND = "hccl"
-    # kScalarTypeToHcclDataType (torch_npu/csrc/distributed/HCCLUtils.cpp:49-65): bool
-    # travels as HCCL_DATA_TYPE_UINT8; float8 and the unsigned types move too.
-    DTYPES = MOVED
+    # Every dtype any release maps; :meth:`moved_dtypes` is the emulated release's.
+    DTYPES = MAPPED | MAPPED_FROM_26
 
     DTYPE = Constraint(
         "HCCL collectives",
-        "a dtype in kScalarTypeToHcclDataType",
+        "a dtype in the release's kScalarTypeToHcclDataType: float8 and uint16/32/64 only from "
+        "the Ascend Extension for PyTorch 26.0.0 builds (2.7.1.post4, 2.8.0.post4, 2.9.0.post2, "
+        "2.10.0+)",
         "torch_npu/csrc/distributed/HCCLUtils.cpp:49-65, 85-91, getHcclDataType ('Unsupported data "
-        "type for HCCL process group')",
+        f"type for HCCL process group'); {TAGS}",
         "raises RuntimeError",
     )
     REDUCE_DTYPE = Constraint(
         "HCCL all_reduce/reduce_scatter",
         "a dtype checkSupportedDataType takes: int8/16/32/64, float16/32, bfloat16 (uint64 and "
-        "float64 on Ascend 950 only)",
+        "float64 on Ascend 950 only, from torch_npu 2.14.0)",
         f"{PG}:170-188, checkSupportedDataType ('HCCL <op>: Unsupported data type'), called by "
-        "allreduce (:4765), reduce_scatter (:5982), _reduce_scatter_base (:6234); HCCL API "
-        "reference, HcclReduceScatterV: dataType of the reduction",
+        "allreduce (:4765), reduce_scatter (:5982), _reduce_scatter_base (:6234); master "
+        "779d1de6c added a5ExtraDataTypes; HCCL API reference, HcclReduceScatterV: dataType of "
+        "the reduction",
         "raises RuntimeError",
     )
     CONTIGUOUS = Constraint(
@@ -94,6 +157,13 @@ class HcclDouble(ProcessGroupDouble):
         f"{PG}, alltoall_base (c10d check_split_sizes); {API}, HcclAlltoAll: one count per peer",
         "raises RuntimeError",
     )
+    GATHER_RELEASE = Constraint(
+        "gather",
+        "an Ascend Extension for PyTorch 26.0.0 build or later",
+        f"{PG} ProcessGroupHCCL::gather of the v7.3.1 tags (:5170-5176 in v7.3.0-pytorch2.7.1): "
+        f"'ProcessGroupHCCL does not support gather' for every call; {TAGS}",
+        "raises RuntimeError",
+    )
     GATHER_COMPATIBLE = Constraint(
         "gather",
         "TORCH_NPU_USE_COMPATIBLE_IMPL=1 on an Atlas A2/A3",
@@ -130,17 +200,23 @@ class HcclDouble(ProcessGroupDouble):
         self,
         device: torch.device | None = None,
         *,
+        version: str = DOUBLE_RELEASE,
         soc_version: int = A2_SOC,
         compatible_impl: bool | None = None,
     ) -> None:
         super().__init__(device)
+        self.torch_npu_version = version
         self.soc_version = soc_version
         self.compatible_impl = (
             os.environ.get(COMPATIBLE_IMPL) == "1" if compatible_impl is None else compatible_impl
         )
 
+    def moved_dtypes(self) -> frozenset[torch.dtype]:
+        return MAPPED | (MAPPED_FROM_26 if is_26_build(self.torch_npu_version) else frozenset())
+
     def reduce_dtypes(self) -> frozenset[torch.dtype]:
-        return REDUCED | (REDUCED_ON_950 if self.soc_version >= ASCEND_950 else frozenset())
+        a5 = self.soc_version >= ASCEND_950 and _release(self.torch_npu_version)[0] >= (2, 14, 0)
+        return CHECKED | (A5_EXTRA if a5 else frozenset())
 
     def gather(
         self,
@@ -149,6 +225,9 @@ class HcclDouble(ProcessGroupDouble):
         dst: int = 0,
         group: Any = None,
     ) -> None:
+        self.GATHER_RELEASE.check(
+            is_26_build(self.torch_npu_version), f"torch_npu {self.torch_npu_version}"
+        )
         a2_or_a3 = 220 <= self.soc_version < 240 or 250 <= self.soc_version < ASCEND_950
         self.GATHER_COMPATIBLE.check(
             self.compatible_impl and a2_or_a3,
@@ -220,12 +299,13 @@ class HcclDouble(ProcessGroupDouble):
 
 def install() -> HcclDouble:
     """In a spawned rank: the Ascend adapters call this double instead of torch.distributed
-    and torch_npu.distributed, with the torch_npu double (an Atlas A2) as ``torch_npu``."""
+    and torch_npu.distributed, with the torch_npu double (a 26.0.0 build on an Atlas A2) as
+    ``torch_npu``."""
     from sglang_fl_ascend.impl.collectives import HCCL
 
-    sdk = TorchNpuDouble()
+    sdk = TorchNpuDouble(version=RELEASE_26)
     sys.modules[TORCH_NPU.name] = sdk
     TORCH_NPU.module = sdk
-    double = HcclDouble()
+    double = HcclDouble(version=RELEASE_26)
     HCCL.api = double
     return double

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 import torch
+from attention_calls import decode as fia_decode_call
+from attention_calls import extend as fia_extend_call
+from attention_calls import t
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.backend import TORCH_NPU
 from sglang_fl_ascend.impl.attention import decode_attention, extend_attention, store_kv_cache
@@ -34,7 +37,7 @@ from sglang_fl.ops.attention.cases import Option
 from sglang_fl.ops.attention.common import build_pool
 from sglang_fl.ops.attention.plan import ForwardKind, PlanCapacity
 from sglang_fl.testing.checks import FAILED, PASSED, SKIPPED, check_case, check_plan
-from sglang_fl.testing.doubles import Call, install_double
+from sglang_fl.testing.doubles import Call, ConstraintViolation, install_double
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import AttentionBatch, AttentionPlan, DefaultPlanner, GraphMode
 
@@ -53,9 +56,10 @@ def tnd(p: Mapping[str, Any]) -> bool:
 
 def declined(op: str, p: Mapping[str, Any], dtype: torch.dtype) -> bool:
     """float16/bfloat16 only; no soft-cap in either operator. Decode: PagedAttention takes
-    16-aligned blocks up to 128 and any head sizes, FIA one head size for key and value.
-    Extend: TND, else per request in BSND (one head size; blocks of 128..512 in multiples of
-    128 when a request has several new tokens)."""
+    16-aligned blocks up to 128 and any head sizes, FIA one head size for key and value and
+    16-aligned blocks up to 512. Extend: TND, else per request in BSND (one head size; blocks
+    of 128..512 in multiples of 128 when a request has several new tokens, 16-aligned when
+    every request has one)."""
     if dtype == torch.float32:
         return True
     if op == "store_kv_cache":
@@ -64,11 +68,15 @@ def declined(op: str, p: Mapping[str, Any], dtype: torch.dtype) -> bool:
         return True
     one_head_dim = p["v_head_dim"] == p["head_dim"]
     if op == "decode_attention":
-        return not one_head_dim and p["page_size"] % 16 != 0
+        return p["page_size"] % 16 != 0
     if tnd(p):
         return False
     several = any(ext > 1 for _, ext in p["batch"])
-    return not one_head_dim or (several and p["page_size"] % 128 != 0)
+    return (
+        not one_head_dim
+        or (several and p["page_size"] % 128 != 0)
+        or (not several and p["page_size"] % 16 != 0)
+    )
 
 
 def operator_calls(op: str, p: Mapping[str, Any]) -> int:
@@ -335,6 +343,19 @@ def test_tnd_takes_a_192_key_head_with_a_128_value_head(torch_npu: TorchNpuDoubl
     assert out.shape == (101, 4, 128)
 
 
+@pytest.mark.parametrize("version", ["2.7.1", "2.8.0.post1", "2.6.0.post4", "2.5.1"])
+def test_before_7_3_0_tnd_is_left_for_one_bsnd_call_per_request(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The op-plugin 7.1.0/7.2.0 pages' TND takes no PageAttention: a 7.2.0 build (or older)
+    extends per request in BSND, where TND holds on a 7.3.0 build; the double refuses TND."""
+    torch_npu = install_double(monkeypatch, TorchNpuDouble(version=version), TORCH_NPU)
+    extend_at_npu_page_size(EXTEND_LAYERS["causal"], torch.bfloat16, 128)
+    assert [call.kwargs["input_layout"] for call in torch_npu.calls] == ["BSND"] * 3
+    with pytest.raises(ConstraintViolation, match="TND with PageAttention only from"):
+        fia_extend_call()(torch_npu)
+
+
 @pytest.mark.parametrize("page_size", [16, 1024])
 def test_tnd_takes_blocks_in_multiples_of_16_up_to_1024(
     torch_npu: TorchNpuDouble, page_size: int
@@ -434,18 +455,33 @@ def test_with_ascend_use_fia_decode_calls_the_bsh_page_attention(
     assert out.shape == (2, 4, 64)
 
 
-@pytest.mark.parametrize("page_size", [1, 8, 512])
-def test_fia_decode_takes_any_block_size_up_to_512(
-    torch_npu: TorchNpuDouble, page_size: int
-) -> None:
-    """At one query token FIA takes non-zero block sizes up to 512 (no 16-alignment):
-    PagedAttention declines 1, 8 and 512, FIA serves them."""
+@pytest.mark.parametrize("page_size", [144, 512])
+def test_fia_decode_takes_blocks_of_16_up_to_512(torch_npu: TorchNpuDouble, page_size: int) -> None:
+    """At one query token FIA takes float16/bfloat16 blocks in multiples of 16 up to 512:
+    PagedAttention declines those over 128, FIA serves them."""
     decode(attention_layer(scaling=0.2), page_size)
     assert torch_npu.called == ["npu_fused_infer_attention_score"]
     assert torch_npu.calls[0].kwargs["block_size"] == page_size
 
 
-@pytest.mark.parametrize("page_size", [4, 16])
+@pytest.mark.parametrize("page_size", [1, 8])
+def test_decode_declines_blocks_not_16_aligned(torch_npu: TorchNpuDouble, page_size: int) -> None:
+    """Neither operator takes them: PagedAttention's '因硬件限制' and FIA's Q_S = 1 rule
+    ("the block_size must be a multiple of 16" for float16/bfloat16 K/V)."""
+    with pytest.raises(Unsupported, match=r"block_size % 16 == 0.*non-zero multiple of 16"):
+        decode(attention_layer(scaling=0.2), page_size)
+    assert torch_npu.calls == []
+    unaligned = fia_decode_call(  # and the double refuses the call FIA would
+        block_size=8,
+        key=t(6, 8, 128),
+        value=t(6, 8, 128),
+        block_table=torch.tensor([[2, 0, 3], [0, 1, 4]], dtype=torch.int32),
+    )
+    with pytest.raises(ConstraintViolation, match="one query token a non-zero multiple of 16"):
+        unaligned(torch_npu)
+
+
+@pytest.mark.parametrize("page_size", [16, 32])
 def test_a_window_decodes_on_fia_with_sglang_s_swa_mask(
     torch_npu: TorchNpuDouble, page_size: int
 ) -> None:
@@ -570,7 +606,7 @@ def test_store_declines_caches_reshape_and_cache_does_not_take(
         ("decode", {}, {"dtype": torch.float32}, "float16/bfloat16.*float16/bfloat16"),
         ("decode", {}, {"head_dim": 96, "v_head_dim": 64, "page_size": 8}, "one shape outside TND"),
         ("decode", {}, {"head_dim": 36, "v_head_dim": 36, "page_size": 8}, "16-byte aligned"),
-        ("decode", {}, {"page_size": 1024}, r"block_size is 1..512"),
+        ("decode", {}, {"page_size": 1024}, r"multiple of 16 up to 512"),
         ("decode", {}, {"heads": 130, "kv_heads": 2, "page_size": 8}, "a ratio <= 64"),
         ("extend", {}, {"page_size": 64}, r"TND without rope.*got 64/64.*128..512 in multiples"),
         ("extend", {}, {"head_dim": 128, "v_head_dim": 128, "page_size": 2048}, r"up to 1024"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hccl_double import ASCEND_950, HcclDouble
+from hccl_double import ASCEND_950, RELEASE_26, HcclDouble
 from sglang_fl_ascend import plugin
 from sglang_fl_ascend.impl.collectives import COMPATIBLE_IMPL, HCCL, LEFT_TO_SGLANG
 from torch_npu_double import TorchNpuDouble
@@ -23,6 +23,7 @@ from sglang_fl import Unsupported
 from sglang_fl.ops.collectives import COLLECTIVES
 from sglang_fl.testing.collective_doubles import process_group_double_tests, world_of_one
 from sglang_fl.testing.collectives import run_collective_checks
+from sglang_fl.testing.doubles import ConstraintViolation, install_double
 from sglang_fl.testing.vendor import VendorSuite
 from sglang_fl.types import CollectiveGroup
 
@@ -137,30 +138,76 @@ def test_reductions_decline_what_checksupporteddatatype_rejects_on_a2(
     assert hccl.called == ["broadcast"]
 
 
-def test_float64_reductions_run_on_ascend_950(monkeypatch: pytest.MonkeyPatch) -> None:
+def on_release(monkeypatch: pytest.MonkeyPatch, version: str, soc: int = 220) -> HcclDouble:
+    """The torch_npu double and the HCCL double of one release and SoC, in place."""
     from sglang_fl_ascend.backend import TORCH_NPU
 
-    from sglang_fl.testing.doubles import install_double
-
-    install_double(monkeypatch, TorchNpuDouble(soc_version=ASCEND_950), TORCH_NPU)
-    double = HcclDouble(soc_version=ASCEND_950)
+    install_double(monkeypatch, TorchNpuDouble(version=version, soc_version=soc), TORCH_NPU)
+    double = HcclDouble(version=version, soc_version=soc)
     monkeypatch.setattr(HCCL, "api", double)
-    one = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
+    return double
+
+
+ONE = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
+
+
+def test_float64_reductions_run_on_ascend_950_from_2_14(monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkSupportedDataType's a5ExtraDataTypes: master 779d1de6c, no tag up to 2.13.0."""
+    x = torch.ones(3, dtype=torch.float64)
+    older = on_release(monkeypatch, "2.13.0", ASCEND_950)
+    with pytest.raises(Unsupported, match=r"float64 is not one its reduction.*2\.14\.0\+"):
+        HCCL.implementations()["all_reduce"](ONE, x)
+    with pytest.raises(ConstraintViolation, match="checkSupportedDataType"):
+        older.all_reduce(x)
+    double = on_release(monkeypatch, "2.14.0", ASCEND_950)
     with world_of_one():
-        HCCL.implementations()["all_reduce"](one, torch.ones(3, dtype=torch.float64))
+        HCCL.implementations()["all_reduce"](ONE, x)
     assert double.called == ["all_reduce"]
     with pytest.raises(Unsupported, match=r"dtype torch\.uint8"):
-        HCCL.implementations()["all_reduce"](one, torch.ones(3, dtype=torch.uint8))
+        HCCL.implementations()["all_reduce"](ONE, torch.ones(3, dtype=torch.uint8))
 
 
-def test_float8_moves_but_is_not_reduced(hccl: HcclDouble, torch_npu: TorchNpuDouble) -> None:
+def test_float8_moves_but_is_not_reduced(monkeypatch: pytest.MonkeyPatch) -> None:
+    hccl = on_release(monkeypatch, RELEASE_26)
     x = torch.zeros(4, dtype=torch.float8_e4m3fn)
-    one = CollectiveGroup("tp:0", (0,), 0, torch.device("cpu"), None, None)
     with world_of_one():
-        HCCL.implementations()["all_gather_into_tensor"](one, x.clone(), x)
+        HCCL.implementations()["all_gather_into_tensor"](ONE, x.clone(), x)
     assert hccl.called == ["all_gather_into_tensor"]
     with pytest.raises(Unsupported, match="float8_e4m3fn is not one its reduction"):
-        HCCL.implementations()["all_reduce"](one, x)
+        HCCL.implementations()["all_reduce"](ONE, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.uint16, torch.uint64])
+@pytest.mark.parametrize("version", ["2.7.1.post3", "2.8.0.post3", "2.9.0.post1", "2.6.0.post6"])
+def test_before_26_0_0_float8_and_wide_unsigned_do_not_move(
+    monkeypatch: pytest.MonkeyPatch, version: str, dtype: torch.dtype
+) -> None:
+    """The v7.3.1 builds' kScalarTypeToHcclDataType has neither: getHcclDataType raises."""
+    double = on_release(monkeypatch, version)
+    x = torch.zeros(4, dtype=dtype)
+    with pytest.raises(
+        Unsupported, match=r"from the Ascend Extension for PyTorch 26\.0\.0"
+    ) as info:
+        HCCL.implementations()["broadcast"](group(), x, 0)
+    assert "v7.3.1-pytorch2.x (without)" in str(info.value)
+    assert double.calls == []
+    with pytest.raises(ConstraintViolation, match="kScalarTypeToHcclDataType"):
+        double.broadcast(x, 0)
+
+
+def test_before_26_0_0_gather_is_declined_even_when_compatible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ProcessGroupHCCL::gather raised for every call before the 26.0.0 builds."""
+    monkeypatch.setenv(COMPATIBLE_IMPL, "1")
+    double = on_release(monkeypatch, "2.9.0.post1")
+    with pytest.raises(Unsupported, match=r"always raises before .*2\.9\.0\.post2"):
+        HCCL.implementations()["gather"](group(), torch.zeros(2, 3), 0)
+    assert double.calls == []
+    for version in ("2.9.0.post2", "2.10.0", "2.12.0"):
+        on_release(monkeypatch, version)
+        with world_of_one():
+            HCCL.implementations()["gather"](ONE, torch.zeros(2, 3), 0)
 
 
 @pytest.mark.parametrize(
@@ -175,17 +222,11 @@ def test_float8_moves_but_is_not_reduced(hccl: HcclDouble, torch_npu: TorchNpuDo
 def test_gather_is_declined_where_processgrouphccl_gather_raises(
     monkeypatch: pytest.MonkeyPatch, env: str | None, soc: int, why: str
 ) -> None:
-    from sglang_fl_ascend.backend import TORCH_NPU
-
-    from sglang_fl.testing.doubles import install_double
-
-    install_double(monkeypatch, TorchNpuDouble(soc_version=soc), TORCH_NPU)
     if env is None:
         monkeypatch.delenv(COMPATIBLE_IMPL, raising=False)
     else:
         monkeypatch.setenv(COMPATIBLE_IMPL, env)
-    double = HcclDouble(soc_version=soc)
-    monkeypatch.setattr(HCCL, "api", double)
+    double = on_release(monkeypatch, RELEASE_26, soc)
     with pytest.raises(Unsupported, match=why) as info:
         HCCL.implementations()["gather"](group(), torch.zeros(2, 3), 0)
     assert "ProcessGroupHCCL.cpp:6535-6540" in str(info.value)
@@ -259,6 +300,11 @@ def _z(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype)
 
 
+def _before_26(d: HcclDouble) -> None:
+    d.torch_npu_version = "2.8.0.post3"
+    d.gather(_z(3), [_z(3)], 0)
+
+
 def _incompatible(d: HcclDouble) -> None:
     d.compatible_impl = False
     d.gather(_z(3), [_z(3)], 0)
@@ -266,7 +312,7 @@ def _incompatible(d: HcclDouble) -> None:
 
 test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constraint_is_covered = (
     process_group_double_tests(
-        lambda: HcclDouble(compatible_impl=True),
+        lambda: HcclDouble(version=RELEASE_26, compatible_impl=True),
         valid=[
             lambda d: d.all_gather_into_tensor_uneven(_z(3, 2), _z(3, 2), [3]),
             lambda d: d.all_gather_into_tensor_uneven(_z(0, 2), _z(0, 2)),
@@ -274,6 +320,7 @@ test_valid_calls_pass, test_rejects_what_the_library_rejects, test_every_constra
             lambda d: d.all_gather_into_tensor(_z(2, dtype=FLOAT8), _z(2, dtype=FLOAT8)),
         ],
         rejected={
+            HcclDouble.GATHER_RELEASE: _before_26,
             HcclDouble.GATHER_COMPATIBLE: _incompatible,
             HcclDouble.UNEVEN_SPLITS: lambda d: d.all_gather_into_tensor_uneven(
                 _z(3, 2), _z(3, 2), [3, 0]

@@ -30,6 +30,7 @@ and host lists stay in the operator's Python entry, before the kernel.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -60,6 +61,23 @@ HALF = (torch.float16, torch.bfloat16)
 MASK_SIZE = 2048
 # Atlas A2 (220-225) and A3 (250-255) SoC versions: ND paged caches (vllm_ascend/utils.py ranges).
 A2_A3 = (*range(220, 226), *range(250, 256))
+# TND with PageAttention from the op-plugin 7.3.0 pages on (the 7.1.0/7.2.0 pages' TND with
+# query D != 512: '不支持左padding、tensorlist、pse、page attention、...'): the first torch_npu
+# build of each line that Ascend Extension for PyTorch 7.3.0 made (Ascend/pytorch tags
+# v7.3.0-pytorch2.x, version.txt); lines from 2.9.0 on were first built by 7.3.0.
+TND_PAGED_FIRST_POST = {"2.6.0": 5, "2.7.1": 2, "2.8.0": 2}
+
+
+def tnd_takes_page_attention(version: str) -> bool:
+    """Whether torch_npu ``version`` is a 7.3.0 build or later (TND with PageAttention)."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", version)
+    if match is None:
+        return False
+    release = (int(match[1]), int(match[2]), int(match[3]))
+    first = TND_PAGED_FIRST_POST.get(".".join(match.group(1, 2, 3)))
+    return release >= (2, 9, 0) or (first is not None and int(match[4] or 0) >= first)
+
+
 # FIA's TND without rope on Atlas A2/A3: (Q/K head dim, V head dim).
 TND_HEAD_DIMS = ((128, 128), (192, 128), (192, 192))
 
@@ -180,13 +198,26 @@ class AttentionOperators(SdkDouble):
     )
     FIA_BLOCK_SIZE = Constraint(
         FIA,
-        "block_size: with one query token 1..512; otherwise 128..512 in multiples of 128, "
-        "but in TND multiples of 16 up to 1024",
+        "block_size: with one query token a non-zero multiple of 16 up to 512 (float16/"
+        "bfloat16 K/V); otherwise 128..512 in multiples of 128, but in TND multiples of 16 up "
+        "to 1024",
         FIA_DOC.format(
             "PageAttention约束: block_size Q_S > 1 最小128，最大512，须128倍数; "
-            "Q_S = 1 非0，最大512; "
+            "Q_S = 1 非0，最大512，float16/bfloat16需16字节对齐; "
             "TND布局约束 (query D != 512): PageAttention仅block_size须为16的倍数且 ≤ 1024"
-        ),
+        )
+        + "; op-plugin 26.0.0 docs/en page, When Q_S is equal to 1, Page attention scenarios: "
+        "'When the input data types of key and value are float16 or bfloat16, the block_size "
+        "must be a multiple of 16' (the same in the 7.3.0 and 26.1.0 pages)",
+    )
+    FIA_TND_PAGED = Constraint(
+        FIA,
+        "TND with PageAttention only from an Ascend Extension for PyTorch 7.3.0 build "
+        "(2.6.0.post5, 2.7.1.post2, 2.8.0.post2, 2.9.0 and later)",
+        "op-plugin 7.1.0/7.2.0 docs/context/torch_npu-npu_fused_infer_attention_score.md, TND "
+        "with query D != 512: '不支持左padding、tensorlist、pse、page attention、prefix、...'; the "
+        "7.3.0 page: 'page attention场景下仅支持blocksize为16对齐且小于等于1024'; Ascend/pytorch "
+        "tags v7.3.0-pytorch2.x (version.txt)",
     )
     FIA_TND_HEAD_DIM = Constraint(
         FIA,
@@ -427,6 +458,8 @@ class AttentionOperators(SdkDouble):
         )
         dv = value.shape[2] // kv_heads
         if tnd:
+            version = str(self.__version__)
+            self.FIA_TND_PAGED.check(tnd_takes_page_attention(version), f"torch_npu {version}")
             self.FIA_TND_HEAD_DIM.check((d, dv) in TND_HEAD_DIMS, f"{d}/{dv}")
         else:
             self.FIA_KV_SHAPE.check(key.shape == value.shape, f"{key.shape} and {value.shape}")
@@ -437,7 +470,7 @@ class AttentionOperators(SdkDouble):
         if tnd:
             block_ok = block_size % 16 == 0 and 0 < block_size <= 1024
         elif one_token:
-            block_ok = 0 < block_size <= 512
+            block_ok = block_size % 16 == 0 and 0 < block_size <= 512
         else:
             block_ok = 128 <= block_size <= 512 and block_size % 128 == 0
         self.FIA_BLOCK_SIZE.check(

@@ -36,7 +36,8 @@ class ProcessGroupDouble(SdkDouble):
     (all-gather output = world size x input), ``SCATTER_SIZE`` (reduce-scatter input = world
     size x output), ``ALL_TO_ALL_SIZE`` (equal splits: same numel, divisible by world size).
     A library whose reductions take fewer dtypes than it moves also sets ``REDUCE_DTYPE``
-    (checked by the reductions after ``DTYPE``) and overrides :meth:`reduce_dtypes`.
+    (checked by the reductions after ``DTYPE``) and overrides :meth:`reduce_dtypes`; one whose
+    moved dtypes depend on the emulated release or device overrides :meth:`moved_dtypes`.
     """
 
     BACKEND: ClassVar[str]
@@ -75,7 +76,7 @@ class ProcessGroupDouble(SdkDouble):
 
     def _check(self, *tensors: torch.Tensor) -> None:
         for tensor in tensors:
-            self.DTYPE.check(tensor.dtype in self.DTYPES, str(tensor.dtype))
+            self.DTYPE.check(tensor.dtype in self.moved_dtypes(), str(tensor.dtype))
             self.CONTIGUOUS.check(tensor.is_contiguous(), f"strides {tensor.stride()}")
             self.DEVICE.check(tensor.device == self.device, str(tensor.device))
 
@@ -83,10 +84,14 @@ class ProcessGroupDouble(SdkDouble):
         self._check(output, input)
         self.SAME_DTYPE.check(output.dtype == input.dtype, f"{output.dtype} and {input.dtype}")
 
+    def moved_dtypes(self) -> frozenset[torch.dtype]:
+        """The dtypes the library moves on the emulated release and device (``DTYPES``)."""
+        return self.DTYPES
+
     def reduce_dtypes(self) -> frozenset[torch.dtype]:
         """The dtypes the library's reductions take on the emulated device (all it moves,
         unless a subclass with a ``REDUCE_DTYPE`` rule says fewer)."""
-        return self.DTYPES
+        return self.moved_dtypes()
 
     def _reduced(self, *tensors: torch.Tensor) -> None:
         """A reduction's extra rule: its dtypes (after the checks every collective makes)."""
@@ -279,7 +284,7 @@ def process_group_double_tests(
     }
     if cls.REDUCE_DTYPE is not None:
         double = make_double()
-        moved_only = sorted(double.DTYPES - double.reduce_dtypes(), key=str)
+        moved_only = sorted(double.moved_dtypes() - double.reduce_dtypes(), key=str)
         if not moved_only:
             raise ValueError(f"{cls.__name__}: REDUCE_DTYPE without a dtype it moves only")
         refused[cls.REDUCE_DTYPE] = within(lambda d: d.all_reduce(z(2, dtype=moved_only[0])))

@@ -3,9 +3,11 @@
 Besides the import and the device count, the probe reads what the adapters' operators depend
 on (:func:`platform`): the torch_npu release (its MoE gating operator changed with Ascend
 Extension for PyTorch 7.2.0; releases before 2.4.0 may pair with a CANN whose KV store takes
-one head size only), the SoC generation (bfloat16 GELUs, ND paged attention and HCCL's
-compatible gather exist on A2/A3 only; float64 reductions on Ascend 950 only) and SGLang's
-``ASCEND_USE_FIA`` switch (which decode operator comes first).
+one head size only; FIA's TND layout takes PageAttention from Ascend Extension for PyTorch
+7.3.0; HCCL's gather, float8 and 16-64-bit unsigned dtypes came with 26.0.0), the SoC
+generation (bfloat16 GELUs, ND paged attention and HCCL's compatible gather exist on A2/A3
+only; float64 reductions on Ascend 950 only) and SGLang's ``ASCEND_USE_FIA`` switch (which
+decode operator comes first).
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ GENERAL_GATING_SINCE = (2, 7, 1)
 # 2.1.0.post6 <-> CANN 8.0.RC2), whose ATB ReshapeAndCache takes a value head size other than
 # the key's on every product (the CANN 8.0.RC2 page limits it to Atlas 800I A2).
 DIFFERING_HEAD_DIMS_SINCE = (2, 4, 0)
+# The first torch_npu build of each release line that Ascend Extension for PyTorch 7.3.0 made
+# (Ascend/pytorch tags v7.3.0-pytorch2.6.0/-2.7.1/-2.8.0/-2.9.0, version.txt: 2.6.0.post5,
+# 2.7.1.post2, 2.8.0.post2, 2.9.0; v7.2.0.1 builds 2.6.0.post4, 2.7.1.post1, 2.8.0.post1).
+EXTENSION_7_3_FIRST_POST = {(2, 6, 0): 5, (2, 7, 1): 2, (2, 8, 0): 2}
+EXTENSION_7_3_LINES_SINCE = (2, 9, 0)
+# The first torch_npu build of each release line that Ascend Extension for PyTorch 26.0.0 made
+# (Ascend/pytorch tags v26.0.0-pytorch2.7.1/-2.8.0/-2.9.0/-2.10.0, version.txt: 2.7.1.post4,
+# 2.8.0.post4, 2.9.0.post2, 2.10.0; the v7.3.1 tags build 2.7.1.post3, 2.8.0.post3,
+# 2.9.0.post1). Lines from 2.10.0 on were first built by 26.0.0; 2.6.0 and older never were.
+EXTENSION_26_FIRST_POST = {(2, 7, 1): 4, (2, 8, 0): 4, (2, 9, 0): 2}
+EXTENSION_26_LINES_SINCE = (2, 10, 0)
 # SGLang's switch for FIA decode (hardware_backend/npu/attention/ascend_backend.py:383,
 # get_bool_env_var("ASCEND_USE_FIA", "False"), true for "true"/"1" in any case).
 USE_FIA = "ASCEND_USE_FIA"
@@ -77,6 +90,27 @@ class NpuPlatform:
     soc_version: int | None  # None: not readable
     soc: AscendSoc
     fia_decode: bool = False  # ASCEND_USE_FIA: decode on FIA first, as SGLang does
+    post: int = 0  # the ``.postN`` of the version (0 without one)
+
+    def _built_since(
+        self, first_post: dict[tuple[int, int, int], int], lines: tuple[int, int, int]
+    ) -> bool:
+        if self.release is None:
+            return False
+        if self.release >= lines:
+            return True
+        first = first_post.get(self.release)
+        return first is not None and self.post >= first
+
+    @property
+    def extension_7_3(self) -> bool:
+        """Whether this torch_npu is an Ascend Extension for PyTorch 7.3.0 build or later."""
+        return self._built_since(EXTENSION_7_3_FIRST_POST, EXTENSION_7_3_LINES_SINCE)
+
+    @property
+    def extension_26(self) -> bool:
+        """Whether this torch_npu is an Ascend Extension for PyTorch 26.0.0 build or later."""
+        return self._built_since(EXTENSION_26_FIRST_POST, EXTENSION_26_LINES_SINCE)
 
     @property
     def general_gating(self) -> bool:
@@ -103,7 +137,7 @@ class NpuPlatform:
         return f"torch_npu {self.torch_npu_version} on {soc}"
 
 
-_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?")
 _platform: tuple[ModuleType, NpuPlatform] | None = None
 
 
@@ -122,7 +156,8 @@ def platform() -> NpuPlatform:
     except Exception:  # an SDK without the call, or a driver error: treated as an unknown SoC
         soc_version = None
     fia = os.environ.get(USE_FIA, "false").lower() in ("true", "1")
-    detected = NpuPlatform(version, release, soc_version, _soc_of(soc_version), fia)
+    post = int(match[4]) if match and match[4] else 0
+    detected = NpuPlatform(version, release, soc_version, _soc_of(soc_version), fia, post)
     _platform = (torch_npu, detected)
     return detected
 

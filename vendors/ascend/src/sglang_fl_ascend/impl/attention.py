@@ -11,9 +11,10 @@
   (``ASCEND_USE_FIA=1``, read with the platform, puts FIA first). Each serves what the other
   declines: PagedAttention has no window, FIA takes one as SGLang's ``swa_mask``, a
   ``(B, KV_S)`` bool mask at one query token; FIA needs one head size for key and value,
-  PagedAttention does not.
-- ``extend_attention``: FIA in the ``TND`` layout where Atlas A2/A3's TND holds (head sizes
-  128, or 192 with a value head of 128/192; blocks in multiples of 16 up to 1024), else one
+  PagedAttention does not; FIA takes blocks of 16 up to 512, PagedAttention up to 128.
+- ``extend_attention``: FIA in the ``TND`` layout where Atlas A2/A3's TND holds (a 7.3.0
+  build or later, whose pages first allow PageAttention in TND; head sizes 128, or 192 with a
+  value head of 128/192; blocks in multiples of 16 up to 1024), else one
   ``BSND`` call per request (what SGLang does when ``_can_use_tnd`` is false):
   ``sparse_mode=3`` (right-down causal, with the 2048 x 2048 mask the API requires),
   ``sparse_mode=4`` (band: ``pre_tokens`` = window, ``next_tokens`` = 0) for a sliding window,
@@ -64,6 +65,10 @@ MAX_HEAD_DIM = 512
 MAX_HEADS = 256
 MAX_GROUP = 64  # num_heads / num_key_value_heads
 MAX_BLOCK = 512  # PageAttention block_size, decode and BSND prefill
+# One query token: float16/bfloat16 K/V take blocks in multiples of 16 (the API page's Q_S = 1
+# PageAttention constraints: "must be a multiple of 16" in the 7.3.0, 26.0.0 and 26.1.0
+# pages, "16字节对齐" on master, whose summary table omits it).
+ONE_TOKEN_BLOCK_ALIGN = 16
 PREFILL_BLOCK = 128  # Q_S > 1 outside TND: block_size a multiple of 128, at least 128
 MAX_TND_BLOCK = 1024  # TND with PageAttention: multiples of 16 up to 1024
 TND_BLOCK_ALIGN = 16
@@ -190,9 +195,11 @@ def _one_head_dim(q: torch.Tensor, v_cache: torch.Tensor) -> Why:
 
 
 def _fia_one_token_block(page_size: int) -> Why:
-    if not 0 < page_size <= MAX_BLOCK:
+    if page_size % ONE_TOKEN_BLOCK_ALIGN or not 0 < page_size <= MAX_BLOCK:
         return (
-            f"{_FIA}: with one query token block_size is 1..{MAX_BLOCK}, got page size {page_size}"
+            f"{_FIA}: with one query token and float16/bfloat16 K/V, block_size is a non-zero "
+            f"multiple of {ONE_TOKEN_BLOCK_ALIGN} up to {MAX_BLOCK} (Q_S = 1 PageAttention "
+            f"constraints), got page size {page_size}"
         )
     return None
 
@@ -373,7 +380,15 @@ def extend_attention(
 
 
 def _tnd_declines(q: torch.Tensor, v_cache: torch.Tensor, page_size: int, batch: int) -> Why:
-    """FIA's TND on Atlas A2/A3 (its "TND布局约束", query D != 512): head sizes, blocks, batch."""
+    """FIA's TND on Atlas A2/A3 (its "TND布局约束", query D != 512): the release, head sizes,
+    blocks, batch."""
+    found = platform()
+    if not found.extension_7_3:
+        return (
+            f"{_FIA}: TND takes PageAttention from the Ascend Extension for PyTorch 7.3.0 builds "
+            f"(2.6.0.post5, 2.7.1.post2, 2.8.0.post2, 2.9.0+; the op-plugin 7.1.0/7.2.0 pages, "
+            f"TND with query D != 512: '不支持...page attention'), not {found.describe()}"
+        )
     dims = (q.shape[-1], v_cache.shape[-1])
     if dims not in TND_HEAD_DIMS:
         return (
