@@ -9,11 +9,12 @@ the largest compiled batch: SGLang decodes that batch eagerly in the same engine
 
 The scheduler's dispatch report must show what ran: the ``graph_state`` record of the
 attention backend (plans allocated for ``compiled`` mode), the ``graph_capture`` record of
-sglang-fl's CPU graph runner with the ``sglang_fl::<op>`` custom ops the compiled steps called
-(eager code never calls one, so these are the routed ops inside the compiled graphs: the
-attention ops, the fused ops, and for Qwen3-Next the GDN functions), no graph break and no
-recompile in sglang-fl's code, at capture or at replay (``graph_replay``). Breaks and
-recompiles in SGLang's own code are listed with their owner, not failed on.
+sglang-fl's CPU graph runner with the routed ops inside the compiled graphs: the references
+declared traceable (the elementwise ops and the KV store) traced into them (``traced_ops``),
+every other routed op called there as its ``sglang_fl::<op>`` custom op (eager code never
+calls one: the attention ops, the norms, and for Qwen3-Next the GDN functions), no graph
+break and no recompile in sglang-fl's code, at capture or at replay (``graph_replay``). Breaks
+and recompiles in SGLang's own code are listed with their owner, not failed on.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from sglang_processes import scheduler_layers
 from test_real_model import MAX_NEW_TOKENS as CHAT_NEW_TOKENS
 from test_real_model import QUESTIONS
 
+from sglang_fl.ops import STANDARD_OPS
+
 pytest.importorskip("sglang")
 # A compiled engine compiles its decode step per batch size before it serves.
 pytestmark = pytest.mark.timeout(1800)
@@ -43,6 +46,8 @@ PROMPTS = ["def main():", "import os\nimport sys\n", "class Config:"]
 MAX_NEW_TOKENS = 12
 # The routed ops every compiled decode step of these models calls.
 DECODE_OPS = {"store_kv_cache", "decode_attention", "rms_norm", "silu_and_mul", "rotary_embedding"}
+# Those whose references dynamo traces into the compiled steps (not custom ops there).
+TRACEABLE = {op for op, contract in STANDARD_OPS.items() if contract.reference_traceable}
 # Qwen3-Next: Gemma-style norms, a MoE, the GDN decode functions; its hybrid KV pool keeps
 # SGLang's own store (not the token-level MHA pool store_kv_cache writes).
 QWEN3_NEXT_DECODE_OPS = {
@@ -96,8 +101,10 @@ def assert_compiled_through_sglang_fl(engine: Engine, ops: set[str]) -> dict[str
     (capture,) = scheduler_records(engine, "graph_capture")
     assert capture["capture_bs"] == [1, 2]
     assert capture["graphs"] >= 2, capture
+    traced = set(capture["traced_ops"])
+    assert traced == ops & TRACEABLE, f"routed ops traced into the compiled steps: {traced}"
     inside = set(capture["custom_ops"])
-    assert ops <= inside, f"routed ops not called by the compiled steps: {ops - inside}"
+    assert ops - TRACEABLE <= inside, f"not called by the compiled steps: {ops - inside}"
     ours = [b for b in capture["graph_breaks"] if b["owner"] in ("sglang-fl", "vendor")]
     assert ours == [], f"graph breaks in sglang-fl's code: {ours}"
     recompiled = [r for r in capture["recompiles"] if r["owner"] in ("sglang-fl", "vendor")]

@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -57,6 +57,7 @@ __all__ = [
     "graph_safe",
     "plan_layout",
     "register_impl",
+    "traced_ops",
 ]
 
 NAMESPACE = "sglang_fl"
@@ -541,19 +542,33 @@ def register_impl(op_name: str, impl_id: str, fn: Callable[..., Any]) -> str:
 
 
 def graph_safe(
-    op_name: str, fn: Callable[..., Any], impl_id: str, *, enabled: bool = True
+    op_name: str,
+    fn: Callable[..., Any],
+    impl_id: str,
+    *,
+    enabled: bool = True,
+    traceable: bool = False,
 ) -> Callable[..., Any]:
     """``fn`` (the implementation chosen for ``op_name``), reachable under ``torch.compile``.
 
-    Returns ``fn`` itself when ``enabled`` is false or this torch lacks custom ops. Otherwise
-    dynamo is told to trace, in place of ``fn``, a call of ``sglang_fl::<op_name>`` that runs
-    ``fn`` when the compiled code runs (``torch.compiler.substitute_in_graph``), and ``fn``
-    itself is returned: eager calls cost exactly what they cost without custom ops. An ``fn``
-    that cannot be substituted (not a plain function, or already standing for another op) is
-    returned wrapped: eager calls then pass one frame and ``is_compiling()`` on their way.
+    Returns ``fn`` itself when ``enabled`` is false or this torch lacks custom ops. A
+    ``traceable`` ``fn`` (:attr:`~sglang_fl.dispatch.types.OpImpl.traceable`: plain PyTorch
+    that inductor compiles as it runs eagerly) is returned as it is too, for dynamo to trace
+    into the compiled graph, where inductor fuses it with the code around it; its tracing is
+    observed (:func:`traced_ops`). Otherwise dynamo is told to trace, in place of ``fn``, a
+    call of ``sglang_fl::<op_name>`` that runs ``fn`` when the compiled code runs
+    (``torch.compiler.substitute_in_graph``), and ``fn`` itself is returned: eager calls cost
+    exactly what they cost without custom ops. An ``fn`` that cannot be substituted (not a
+    plain function, or already standing for another op) is returned wrapped: eager calls then
+    pass one frame and ``is_compiling()`` on their way.
     """
     if not enabled or not custom_ops_supported():
         return fn
+    if traceable and isinstance(fn, types.FunctionType):
+        with _lock:
+            if id(fn) not in _substituted:  # else dynamo already traces it as a custom op
+                _traced_code[fn.__code__] = op_name
+                return fn
     key = register_impl(op_name, impl_id, fn)
 
     def through_custom_op(obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -580,6 +595,15 @@ def graph_safe(
 
 
 _substituted: dict[int, str] = {}  # id(implementation) -> the op dynamo traces it as
+# The code of each traceable implementation bound -> its op: how a compiled graph's traced
+# code (``torch._guards.TracingContext.traced_code``) names the routed ops inlined in it.
+_traced_code: dict[types.CodeType, str] = {}
+
+
+def traced_ops(codes: Iterable[types.CodeType]) -> set[str]:
+    """The routed ops whose traceable implementation (bound by :func:`graph_safe`) is among
+    ``codes``, the code objects dynamo traced into a graph."""
+    return {_traced_code[code] for code in codes if code in _traced_code}
 
 
 def _substitute(op_name: str, fn: Callable[..., Any], traceable: Callable[..., Any]) -> bool:

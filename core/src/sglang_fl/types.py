@@ -10,7 +10,10 @@ Registering kernels
         One implementation of one standard op: ``op_name``, a unique ``impl_id``, its ``kind``,
         the function (the op's standard signature, see :mod:`sglang_fl.ops`), the ``vendor``,
         a ``priority`` and an optional availability probe. Frozen; the loader stamps its
-        :class:`Provenance`.
+        :class:`Provenance`. Under ``torch.compile`` each runs behind its op's opaque custom op
+        ``sglang_fl::<op>``, unless it declares ``traceable=True``: plain PyTorch that dynamo
+        traces whole and inductor compiles to eager's numbers (elementwise maps and copies),
+        then traced into the compiled step and fused with its neighbours.
     :class:`PreparedKernel`
         A kernel adapter with its weight-preparation step, for the quantized ops (those whose
         contract lists ``weights``): ``prepare(obj, *weights)`` runs once per layer at load and

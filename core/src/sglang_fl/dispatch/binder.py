@@ -114,6 +114,12 @@ class FallbackChain:
             self._bound if on_first_call is None else self._observed(self._bound)
         )
 
+    @property
+    def traceable(self) -> bool:
+        """Whether :attr:`fn` is one implementation itself, declared traceable
+        (:attr:`OpImpl.traceable`): nothing of the chain's own around it for dynamo to trace."""
+        return self.fn is self.impls[0].fn and self.impls[0].traceable
+
     def _reset_locks_after_fork(self) -> None:
         self._lock = threading.Lock()
 

@@ -423,6 +423,16 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
             f"{who} registered {impl_id!r} for op {op_name!r}, but {plugin_text(problem)}; "
             f"expected {contract.signature_text()}"
         )
+    if type(impl.traceable) is not bool:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with traceable={safe_repr(impl.traceable)}; expected "
+            "True (dynamo may trace fn into a compiled step) or False (a custom op, the default)"
+        )
+    if impl.traceable and contract.plan_stage is not None:
+        raise RegistrationError(
+            f"{who} registered {impl_id!r} with traceable=True, but op {op_name!r} is planned: "
+            "its calls run behind its custom op, which carries the forward's plan"
+        )
     if prepare is not None:
         if not contract.weights:
             raise RegistrationError(
@@ -445,6 +455,7 @@ def _normalised(impl: object, provenance: Provenance) -> OpImpl:
         prepare=prepare,
         planner=planner,
         graph_problems=graph_problems,
+        traceable=impl.traceable,
     )
 
 

@@ -78,8 +78,13 @@ class OpImpl:
     mode ``fn`` cannot run under (``"captured"``: CUDA/NPU graphs; ``"compiled"``:
     torch.compile) to the reason, e.g. a kernel that reads a device value on the host (a planned
     op's planner answers for its calls too); a graph runner is refused, before capture, when a
-    chosen implementation declares its mode. ``provenance`` is filled in by the loader; a
-    backend never sets it.
+    chosen implementation declares its mode. ``traceable`` says that ``fn`` is plain PyTorch
+    that dynamo traces whole and that inductor's code for it rounds as eager does (elementwise
+    maps and copies, no reduction, no host read): under ``torch.compile`` it is then traced
+    into the compiled step, where inductor fuses it with its neighbours, instead of running
+    behind the op's opaque custom op (what an untraceable kernel needs, and what every
+    implementation gets by default). ``provenance`` is filled in by the loader; a backend
+    never sets it.
 
     ``prepare`` (ops whose contract has ``weights``, the quantized ones): called once per layer
     when its weights are final, ``prepare(obj, *weights)`` with the weights in the contract's
@@ -101,6 +106,7 @@ class OpImpl:
     prepare: Callable[..., tuple[Any, ...]] | None = field(default=None, compare=False)
     planner: Any = field(default=None, compare=False)
     graph_problems: Mapping[str, str] | None = field(default=None, compare=False)
+    traceable: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         given: object = self.priority  # None when the author left it out

@@ -311,7 +311,13 @@ class LayerRouter:
         self.runtime.bound(resolution.op, chosen)
         chain = chain or self._chain(resolution)
         # Both return chain.fn itself when off: eager calls then cost what they did before.
-        fn = graph_safe(resolution.op, chain.fn, chosen.impl_id, enabled=config.custom_ops)
+        fn = graph_safe(
+            resolution.op,
+            chain.fn,
+            chosen.impl_id,
+            enabled=config.custom_ops,
+            traceable=chain.traceable,
+        )
         fn = self.verifier.wrap(fn, chosen, label or qualname(cls), chain=chain)
         forward = bridge.bind(layer, fn, engine_forward, self._handoff(cls, engine_forward))
         # Engines' traces label a cached forward by its name: make it say who runs.

@@ -201,6 +201,10 @@ class OpContract:
     # Graph modes (``"captured"``, ``"compiled"``) the reference cannot run under, and why:
     # its ``OpImpl.graph_problems`` (a reference reading values on the host cannot be captured).
     reference_graph_problems: Mapping[str, str] = field(default_factory=dict)
+    # The reference is an elementwise map or a copy that dynamo traces whole, rounding under
+    # inductor as eagerly: its ``OpImpl.traceable`` (traced into a compiled step, not called
+    # behind the custom op). Not a reduction: inductor sums in another order than eager.
+    reference_traceable: bool = False
 
     @property
     def parameter_names(self) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ def sglang_fl_register_ops(registry: OpRegistry) -> None:
             priority=BackendPriority.REFERENCE,
             planner=None if contract.plan_stage is None else contract.plan_stage.reference_planner,
             graph_problems=contract.reference_graph_problems or None,
+            traceable=contract.reference_traceable,
         )
         for contract in STANDARD_OPS.values()
     )

@@ -122,7 +122,13 @@ def route_functions(
         )
         fn = chain.fn
         if route.op_name in GRAPH_SPECS:
-            fn = graph_safe(route.op_name, fn, chosen.impl_id, enabled=runtime.config.custom_ops)
+            fn = graph_safe(
+                route.op_name,
+                fn,
+                chosen.impl_id,
+                enabled=runtime.config.custom_ops,
+                traceable=chain.traceable,
+            )
         if verifier is not None:  # after graph_safe: it steps aside while dynamo traces
             fn = verifier.wrap(fn, chosen, route.target, chain=chain)
         hook = route.adapt(fn)

@@ -33,8 +33,11 @@ with what sglang-fl's platform needs:
   record in the dispatch report gives the batch sizes, the time, the graphs compiled, every
   graph break and recompile with whose code it was in, and the ``sglang_fl::<op>`` custom ops
   the compiled steps called (eager code never calls one: these are the routed ops inside the
-  compiled graphs). A later step that recompiles (a guard
-  failed at replay) is reported once per reason (``graph_replay``).
+  compiled graphs), and the routed ops whose traceable implementations
+  (:attr:`~sglang_fl.dispatch.types.OpImpl.traceable`, the references of the elementwise ops
+  and the KV store) dynamo traced into the graphs instead (``traced_ops``), compiled with
+  inductor's ``emulate_precision_casts`` so that they round as they do eagerly. A later step
+  that recompiles (a guard failed at replay) is reported once per reason (``graph_replay``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from typing import Any
 from ...dispatch.resolve import CandidateOutcome
 from ...dispatch_report import DispatchReport, ReportEvent, Runner
 from ...errors import GraphModeRefused, NoImplementationError, StrictModeError
-from ...graph import compiled_calls
+from ...graph import compiled_calls, traced_ops
 from ...graph_watch import CompileSummary, DynamoWatch, Owner, RecompileCheck
 from ...guard import describe_exception
 from ...ops.attention.plan import GraphMode
@@ -84,6 +87,21 @@ def _existing_sgl_kernel_fakes() -> Iterator[None]:
         yield
     finally:
         cpu_graph_runner.register_cpu_compile_fake = original
+
+
+@contextlib.contextmanager
+def _noting_traced_ops(traced: set[str]) -> Iterator[None]:
+    """While SGLang compiles its steps: into ``traced``, the routed ops whose traceable
+    implementations dynamo traced into a graph (inductor's pre-grad hook, which sees each
+    graph in its tracing context, reads the code dynamo traced)."""
+    import torch._inductor.config as inductor_config
+    from torch._guards import TracingContext
+
+    def note(graph: Any) -> None:
+        traced.update(traced_ops(TracingContext.get_traced_code() or ()))
+
+    with inductor_config.patch(pre_grad_custom_pass=note):
+        yield
 
 
 def _report(event: ReportEvent, **fields: Any) -> None:
@@ -212,10 +230,16 @@ def _make_cpu_graph_runner() -> type:
                     f"before capture: {problem}; start without --enable-torch-compile"
                 )
             rebound = make_traceable()
+            # Traced implementations (OpImpl.traceable) round in the compiled steps as they
+            # do eagerly: inductor keeps eager's casts to the narrow dtype between fused ops.
+            import torch._inductor.config as inductor_config
+
+            inductor_config.emulate_precision_casts = True
             watch = DynamoWatch()
             began = time.perf_counter()
             calls = compiled_calls()
-            with watch.watching(), _existing_sgl_kernel_fakes():
+            traced: set[str] = set()
+            with watch.watching(), _existing_sgl_kernel_fakes(), _noting_traced_ops(traced):
                 super().__init__(model_runner)
             summary = watch.summary
             # The capture runs every compiled step: the routed ops its graphs called.
@@ -246,6 +270,7 @@ def _make_cpu_graph_runner() -> type:
                 capture_bs=list(self.capture_bs),
                 seconds=round(time.perf_counter() - began, 3),
                 custom_ops=inside,
+                traced_ops=sorted(traced),
                 sglang_traceable=[r.to_json() for r in rebound],
                 **summary.to_json(),
             )

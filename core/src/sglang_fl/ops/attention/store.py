@@ -143,4 +143,5 @@ STORE_KV_CACHE = OpContract(
     tolerances=EXACT_TOLERANCES,
     cases=CASES,
     make_inputs=_make_inputs,
+    reference_traceable=True,
 )

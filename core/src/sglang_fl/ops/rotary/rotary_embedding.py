@@ -201,4 +201,5 @@ CONTRACT = OpContract(
     tolerances=STANDARD_TOLERANCES,
     cases=CASES,
     make_inputs=_make_inputs,
+    reference_traceable=True,
 )
