@@ -87,6 +87,7 @@ def run(batches: list[int], repetitions: int, new_tokens: int) -> dict[str, Any]
     workdir = Path(tempfile.mkdtemp(prefix="sglang-fl-graphs-"))
     workers: dict[str, Worker] = {}
     samples: dict[int, dict[str, list[float]]] = {b: {} for b in batches}
+    same_answers: dict[int, bool] = {}
     try:
         for name, variant in variants(batches).items():
             began = time.monotonic()
@@ -106,13 +107,16 @@ def run(batches: list[int], repetitions: int, new_tokens: int) -> dict[str, Any]
             for worker in workers.values():  # warm-up
                 worker.time_batch(input_ids, new_tokens)
             rates: dict[str, list[float]] = {name: [] for name in workers}
+            answers: dict[str, Any] = {}
             for repetition in range(repetitions):
                 for name in order if repetition % 2 == 0 else order[::-1]:
                     first = workers[name].time_batch(input_ids, 1)
                     full = workers[name].time_batch(input_ids, new_tokens)
                     decoded = full["completion_tokens"] - first["completion_tokens"]
                     rates[name].append(decoded / (full["seconds"] - first["seconds"]))
+                    answers[name] = full["output_ids"]
             samples[batch] = rates
+            same_answers[batch] = answers["compiled"] == answers["eager"]
             line = ", ".join(f"{n} {statistics.median(r):.1f}" for n, r in rates.items())
             print(f"  batch {batch}: decode tokens/s {line}", flush=True)
         logs = {name: read_log(worker.log) for name, worker in workers.items()}
@@ -150,6 +154,7 @@ def run(batches: list[int], repetitions: int, new_tokens: int) -> dict[str, Any]
         "ratios": {str(b): r for b, r in ratios.items()},
         "target": TARGET,
         "met": all(r["compiled/eager"] >= TARGET for r in ratios.values()),
+        "compiled_answers_are_eagers": {str(b): same for b, same in same_answers.items()},
         "capture": captures[0],
         "replay_recompiles": replays,
         "served": served,
@@ -184,6 +189,10 @@ def render(result: dict[str, Any]) -> str:
         f"({', '.join(f'{o}: {n}' for o, n in sorted(owners.items())) or 'none'}), "
         f"{len(capture.get('recompiles', []))} recompiles; "
         f"{len(result['replay_recompiles'])} recompiles at replay",
+        f"inside the compiled steps: custom ops {sorted(capture.get('custom_ops', {}))}, "
+        f"traced {capture.get('traced_ops', [])}; compiled answers equal eager's (batch: "
+        + ", ".join(f"{b}: {same}" for b, same in result["compiled_answers_are_eagers"].items())
+        + ")",
     ]
     lines += [f"  break at {b['location']} ({b['owner']}): {b['reason']}" for b in breaks]
     return "\n".join(lines)

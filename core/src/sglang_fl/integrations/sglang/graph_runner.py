@@ -100,7 +100,12 @@ def _noting_traced_ops(traced: set[str]) -> Iterator[None]:
     def note(graph: Any) -> None:
         traced.update(traced_ops(TracingContext.get_traced_code() or ()))
 
-    with inductor_config.patch(pre_grad_custom_pass=note):
+    settings: dict[str, Any] = {"pre_grad_custom_pass": note}
+    if hasattr(inductor_config, "pre_grad_pass_timing"):  # torch >= 2.14
+        # Early: before the graph cache's lookup, so a cached graph is noted too (a pass run
+        # late would need a cache key, and would not run on a hit).
+        settings["pre_grad_pass_timing"] = "early"
+    with inductor_config.patch(**settings):
         yield
 
 
