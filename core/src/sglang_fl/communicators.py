@@ -21,7 +21,9 @@ Teardown (:func:`close_communicator`) calls the handle's ``close()`` once, when 
 holding that handle goes (a plugin may hand one handle to several groups), bounded by
 ``SGLANG_FL_PLUGIN_TIMEOUT`` like any plugin code: one that does not return is reported and
 abandoned, so a finished rank still exits. What is still open at interpreter exit is closed
-then (:func:`close_all`); a forked child owns none of its parent's handles and closes none.
+then (:func:`close_all`), and each outcome goes to the listeners an integration registered
+(:func:`report_closes_at_exit`: the SGLang integration's dispatch report); a forked child owns
+none of its parent's handles and closes none.
 
 A call one rank declines with ``Unsupported`` while another does not cannot fall back there:
 the others are in the chosen library's collective. :class:`DeclineCheck` makes the ranks that
@@ -39,7 +41,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -66,6 +68,7 @@ __all__ = [
     "open_communicator",
     "open_handles",
     "plugin_of",
+    "report_closes_at_exit",
 ]
 
 _log = logging.getLogger(__name__)
@@ -311,13 +314,15 @@ class _Open:
 _open: dict[int, _Open] = {}  # id(handle) -> who holds it; keyed by identity, never hashed
 _open_lock = threading.Lock()
 _exit_registered = False
+# Told how each close() that interpreter exit runs ended (report_closes_at_exit).
+_exit_listeners: list[Callable[[CloseOutcome], object]] = []
 
 
 def _register(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float) -> None:
     global _exit_registered
     with _open_lock:
         if not _exit_registered:
-            atexit.register(close_all)
+            atexit.register(_close_all_at_exit)
             _exit_registered = True
         entry = _open.get(id(handle))
         if entry is None:
@@ -403,6 +408,27 @@ def close_all() -> list[CloseOutcome]:
     with _open_lock:
         pending = [(e.plugin, g, e.handle) for e in list(_open.values()) for g in list(e.groups)]
     return [close_communicator(plugin, group, handle) for plugin, group, handle in pending]
+
+
+def report_closes_at_exit(listener: Callable[[CloseOutcome], object]) -> None:
+    """Have ``listener`` told how each ``close()`` that interpreter exit runs ended (closed,
+    released, or failed with the problem), so that a report written at set-up (``open``)
+    also says how the handle went when nothing tore the group down before exit. Registering
+    the same listener again does nothing. A listener that raises is logged, never raised
+    (the process is exiting)."""
+    with _open_lock:
+        if listener not in _exit_listeners:
+            _exit_listeners.append(listener)
+
+
+def _close_all_at_exit() -> None:
+    """The ``atexit`` teardown: :func:`close_all`, each outcome handed to the listeners."""
+    for outcome in close_all():
+        for listener in list(_exit_listeners):
+            try:
+                listener(outcome)
+            except Exception:
+                _log.exception("sglang-fl: reporting a communicator's close at exit failed")
 
 
 def _forget_in_child() -> None:
