@@ -52,7 +52,7 @@ import torch.distributed as dist
 from .dispatch.resolve import CandidateOutcome
 from .dispatch.types import BackendImplKind, OpImpl
 from .errors import CollectiveDivergenceError, SglangFlError, StrictModeError, Unsupported
-from .guard import call_plugin_code, describe_exception
+from .guard import ReservedPluginCall, call_plugin_code, describe_exception
 from .loader import call_plugin_hook
 from .ops.collectives.group import CollectiveGroup
 from .runtime import Runtime
@@ -309,6 +309,9 @@ class _Open:
     handle: Any
     timeout: float
     groups: list[CollectiveGroup]
+    # The thread its close() will run on, started with the handle: at interpreter exit
+    # Python 3.12 starts no thread, and close_all runs there.
+    closer: ReservedPluginCall[None]
 
 
 _open: dict[int, _Open] = {}  # id(handle) -> who holds it; keyed by identity, never hashed
@@ -326,7 +329,10 @@ def _register(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: fl
             _exit_registered = True
         entry = _open.get(id(handle))
         if entry is None:
-            _open[id(handle)] = _Open(plugin_name, handle, timeout, [group])
+            closer: ReservedPluginCall[None] = ReservedPluginCall(
+                f"close() of plugin {plugin_name!r}'s communicator"
+            )
+            _open[id(handle)] = _Open(plugin_name, handle, timeout, [group], closer)
         else:
             entry.groups.append(group)
 
@@ -354,7 +360,8 @@ def close_communicator(plugin_name: str, group: CollectiveGroup, handle: Any) ->
                 return CloseOutcome(plugin_name, group, closed=False)
             del _open[id(handle)]
     timeout = entry.timeout if entry is not None else _default_timeout()
-    problem = _close(plugin_name, group, handle, timeout)
+    closer = entry.closer if entry is not None else None
+    problem = _close(plugin_name, group, handle, timeout, closer)
     return CloseOutcome(plugin_name, group, closed=problem is None, problem=problem)
 
 
@@ -372,8 +379,15 @@ def _default_timeout() -> float:
         return 60.0
 
 
-def _close(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float) -> str | None:
-    """``handle.close()``, bounded; ``None`` when it returned (or there is none), else why."""
+def _close(
+    plugin_name: str,
+    group: CollectiveGroup,
+    handle: Any,
+    timeout: float,
+    closer: ReservedPluginCall[None] | None = None,
+) -> str | None:
+    """``handle.close()``, bounded (on ``closer``'s thread when the handle has one); ``None``
+    when it returned (or there is none), else why."""
     if handle is None:
         return None
 
@@ -382,11 +396,14 @@ def _close(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float
         if callable(close):
             close()
 
-    outcome = call_plugin_code(
-        run_close,
-        what=f"close() of plugin {plugin_name!r}'s communicator for {group.describe()}",
-        timeout=timeout,
-    )
+    if closer is not None:
+        outcome = closer.run(run_close, timeout=timeout)
+    else:
+        outcome = call_plugin_code(
+            run_close,
+            what=f"close() of plugin {plugin_name!r}'s communicator for {group.describe()}",
+            timeout=timeout,
+        )
     if outcome.timed_out:
         problem = f"close() did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT)"
     elif outcome.error is not None:
