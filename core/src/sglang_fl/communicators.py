@@ -276,7 +276,8 @@ def open_communicator(
     failed = _agree(group, problem is None)
     if failed and problem is None:
         problem = f"{failed} other rank(s) of the group failed to set it up"
-        _close(plugin_name, group, handle, timeout)
+        if not _held(handle):  # a handle another group holds stays open for it
+            _close(plugin_name, group, handle, timeout)
         handle = None
     if problem is not None:
         message = f"plugin {plugin_name!r}: communicator for {group.describe()}: {problem}"
@@ -335,6 +336,13 @@ def _register(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: fl
             _open[id(handle)] = _Open(plugin_name, handle, timeout, [group], closer)
         else:
             entry.groups.append(group)
+
+
+def _held(handle: Any) -> bool:
+    """Whether some group of this process holds ``handle`` (a plugin that shares one handle
+    between groups may hand a group that failed to set up the one another group runs on)."""
+    with _open_lock:
+        return id(handle) in _open
 
 
 def open_handles() -> list[tuple[str, CollectiveGroup]]:
