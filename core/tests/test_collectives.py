@@ -336,6 +336,62 @@ def test_a_rank_whose_teardown_fails_fails_every_case_naming_it(plugin_site, how
         assert f"rank {rank}: teardown: {named}" in results[0].message, results[0].message
 
 
+AT_EXIT = """
+import atexit
+import threading
+import time
+
+import torch
+
+from sglang_fl import communicators
+from sglang_fl.ops.collectives.group import CollectiveGroup
+
+
+class Hanging:
+    def close(self):
+        time.sleep(3600)
+
+
+def tell(outcome):
+    print("closed", outcome.plugin, outcome.group.name, outcome.closed, outcome.problem)
+
+
+def broken(outcome):
+    raise RuntimeError("a listener's own bug")
+
+
+group = CollectiveGroup("tp:0", (0, 1), 0, torch.device("cpu"), None, None)
+communicators._register("slow", group, Hanging(), 1.0)  # as open_communicator does
+communicators.report_closes_at_exit(broken)
+communicators.report_closes_at_exit(tell)
+communicators.report_closes_at_exit(tell)  # once is enough
+
+
+def no_new_threads(*args, **kwargs):
+    raise RuntimeError("can't create new thread at interpreter shutdown")
+
+
+# Python 3.12 at exit: atexit handlers start no thread (this one runs before the teardown's).
+atexit.register(setattr, threading.Thread, "start", no_new_threads)
+"""
+
+
+def test_a_close_left_to_interpreter_exit_is_bounded_and_told_to_the_listeners():
+    """Before: a group never destroyed was closed at exit with only a log line, so the dispatch
+    report said ``open`` forever, and on Python 3.12 (no thread starts at exit) not closed at
+    all (``close_all`` raised). Now close() runs on the thread reserved with the handle, the
+    listeners (the SGLang integration's report) hear how it went, a listener that raises is
+    logged, and the process still exits."""
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "closed slow tp:0 False close() did not return within 1 s (SGLANG_FL_PLUGIN_TIMEOUT)"
+    ]
+    assert "reporting a communicator's close at exit failed" in done.stderr
+
+
 NO_MAIN_GUARD = """
 import json
 from sglang_fl.testing.collectives import run_collective_checks

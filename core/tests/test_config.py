@@ -394,6 +394,7 @@ def test_to_dict_is_json_shaped(tmp_path):
     ("name", "why"),
     [
         ("sglang_attention_backend", "is a selection (which whole backend serves), not an op"),
+        ("sglang_graph_runner", "is a selection (which whole backend serves), not an op"),
         ("all_reduce", "is a collective: its reference communicates"),
     ],
 )
@@ -402,6 +403,15 @@ def test_verify_ops_refuses_what_verify_mode_cannot_check(monkeypatch, name, why
     monkeypatch.setenv("SGLANG_FL_VERIFY_OPS", f"rms_norm,{name}")
     with pytest.raises(ConfigError, match=re.escape(f"SGLANG_FL_VERIFY_OPS: '{name}' {why}")):
         Settings.from_environment()
+
+
+def test_a_refused_selections_hint_names_its_own_ops(monkeypatch):
+    """The graph runner's refusal does not send the user to the attention kernels."""
+    monkeypatch.setenv("SGLANG_FL_VERIFY_OPS", "sglang_graph_runner")
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_environment()
+    assert "decode_attention" not in str(refused.value)
+    assert "the ops the graphs it captures run instead" in str(refused.value)
 
 
 def test_verify_ops_takes_the_routed_families(monkeypatch):

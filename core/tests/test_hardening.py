@@ -21,7 +21,13 @@ from sglang_fl.dispatch.registry import OpRegistry, RegistryState
 from sglang_fl.dispatch.types import Availability, BackendImplKind, OpImpl, Provenance
 from sglang_fl.dispatch_report import DispatchReport, ReportEvent
 from sglang_fl.errors import ConfigError, PluginLoadError, RegistrationError
-from sglang_fl.guard import call_plugin_code, describe_exception, in_plugin_code, safe_repr
+from sglang_fl.guard import (
+    ReservedPluginCall,
+    call_plugin_code,
+    describe_exception,
+    in_plugin_code,
+    safe_repr,
+)
 
 ACME = Provenance("acme", "sglang-fl-acme", "1.0")
 REFERENCE = Provenance("reference", "sglang-fl", "0.1.0")
@@ -92,6 +98,28 @@ def test_call_plugin_code_abandons_what_does_not_return():
     assert outcome.timed_out
     assert outcome.value is None
     assert outcome.error is None
+    assert time.monotonic() - started < 5
+    release.set()
+
+
+def test_a_reserved_call_runs_where_no_thread_can_start(monkeypatch):
+    """Python 3.12 refuses ``Thread.start()`` at interpreter exit; a call reserved before runs
+    there all the same, marked, bounded, its exceptions reported, once."""
+    reserved: ReservedPluginCall[str | None] = ReservedPluginCall("close() of x")
+    failing: ReservedPluginCall[None] = ReservedPluginCall("close() of y")
+    slow: ReservedPluginCall[None] = ReservedPluginCall("close() of z")
+
+    def no_new_threads(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", no_new_threads)
+    assert reserved.run(in_plugin_code, timeout=10).value == "close() of x"
+    with pytest.raises(RuntimeError, match="has already run its call"):
+        reserved.run(in_plugin_code, timeout=10)
+    assert isinstance(failing.run(lambda: sys.exit(3), timeout=10).error, SystemExit)
+    release = threading.Event()
+    started = time.monotonic()
+    assert slow.run(lambda: release.wait(30), timeout=0.2).timed_out
     assert time.monotonic() - started < 5
     release.set()
 

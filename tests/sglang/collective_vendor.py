@@ -11,7 +11,8 @@ through it, appends ``{"pid", "group", "rank", "op", "unique_id"}`` to
 
 Switches (environment), for the failure paths:
 
-- ``COLLECTIVE_VENDOR_INIT=raise``: the set-up raises on the group's last rank; ``hang``: it
+- ``COLLECTIVE_VENDOR_INIT=raise``: the set-up raises on the group's last rank (only for
+  groups whose name starts with ``COLLECTIVE_VENDOR_INIT_GROUP``, when set); ``hang``: it
   sleeps on every rank.
 - ``COLLECTIVE_VENDOR_AVAILABLE_RANKS=0``: the collectives are available only on those global
   ranks (a probe that answers differently per rank).
@@ -83,7 +84,9 @@ def sglang_fl_communicator(group):
     how = os.environ.get("COLLECTIVE_VENDOR_INIT", "")
     if how == "hang":
         time.sleep(3600)
-    if how == "raise" and group.rank_in_group == group.world_size - 1:
+    last = group.rank_in_group == group.world_size - 1
+    only = os.environ.get("COLLECTIVE_VENDOR_INIT_GROUP", "")
+    if how == "raise" and last and group.name.startswith(only):
         raise RuntimeError(f"cvendor: no link to rank {group.rank_in_group}")
     if os.environ.get("COLLECTIVE_VENDOR_SHARED") == "1":
         if not _SHARED:

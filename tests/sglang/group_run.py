@@ -12,7 +12,8 @@ prints one JSON line: ``{"rank", "pid", "results": {op: "ok" | problem}, "solo_u
 ``pp`` is destroyed, all-reduces on it before destroying it too (two groups, one vendor handle
 when the vendor shares it). ``GROUP_RUN_FORK=1`` forks a child once the groups are routed; the
 child exits normally (its exit handlers run) and the parent records its exit code as
-``fork_child_exit``.
+``fork_child_exit``. ``GROUP_RUN_KEEP=1`` leaves ``pp`` undestroyed: interpreter exit tears
+it down.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def main(rank: int, world_size: int, store: str) -> int:
         getattr(solo, name).__func__ is getattr(type(solo), name)
         for name in (*METHODS, *TENSOR_DICTS)
     )
-    group.destroy()
+    if os.environ.get("GROUP_RUN_KEEP") != "1":
+        group.destroy()
     if second is not None:  # still served after the first group let go of a shared handle
         check("all_reduce_on_second_group", second.all_reduce(xs[me].clone()), sum(xs))
         second.destroy()

@@ -10,8 +10,9 @@ several of them at once):
 - ``hostile_factory`` offers a whole backend (priority 1000: chosen before other vendors')
   whose factory misbehaves as ``HOSTILE_FACTORY`` says: ``exit`` (``sys.exit(3)``),
   ``baseexc`` (a ``BaseException`` subclass), ``hang`` (sleeps an hour), or builds SGLang's
-  ``TorchNativeAttnBackend`` whose decode then ``raise`` s (:data:`DECODE_FAULT`) or returns a
-  ``wrong_shape`` output; unset, it offers nothing.
+  ``TorchNativeAttnBackend`` whose decode then ``raise`` s (:data:`DECODE_FAULT`), calls
+  ``sys.exit(3)`` (``exit_decode``) or returns a ``wrong_shape`` output; unset, it offers
+  nothing.
 - ``hostile_kernels`` registers kernels: ``HOSTILE_DECODE=decline``, a ``decode_attention``
   that declines every call (:data:`DECODE_DECLINE`); ``HOSTILE_GDN`` = ``decline`` (its
   ``fused_recurrent_gated_delta_rule_packed_decode`` declines every call), ``outside`` (that
@@ -84,6 +85,8 @@ def build(model_runner):
     class FaultyBackend(TorchNativeAttnBackend):
         def forward_decode(self, q, *args, **kwargs):
             out = super().forward_decode(q, *args, **kwargs)
+            if how == "exit_decode":
+                sys.exit(3)
             if how == "raise":
                 raise RuntimeError({DECODE_FAULT!r})
             return out[:, : out.shape[1] // 2]  # wrong_shape: half of every row

@@ -11,8 +11,8 @@ What each test guards against, as on 4ee63c2:
   selection;
 - a factory raising ``SystemExit`` or another ``BaseException`` ended the host; one that never
   returned hung it;
-- a vendor backend that raised or returned the wrong shape mid-forward gave an error that did
-  not name it, or no error at all;
+- a vendor backend that raised (``SystemExit`` too) or returned the wrong shape mid-forward
+  gave an error that did not name it, or no error at all;
 - a call the only allowed attention kernel declined escaped as ``Unsupported``.
 """
 
@@ -106,6 +106,20 @@ def test_a_vendor_backend_that_raises_mid_forward_is_named_in_the_error(
     ) in proc.stderr, proc.stderr[-3000:]
     (record,) = [r for r in rows if r["event"] == "attention_backend"]
     assert record["impl_id"] == FACTORY_IMPL_ID  # it served: the report says so
+
+
+def test_a_vendor_backend_exiting_mid_forward_is_an_error_naming_it(
+    engine_pool: EnginePool, tmp_path: Path
+) -> None:
+    """Before: ``sys.exit(3)`` in a vendor's forward ended SGLang's scheduler with exit code 3
+    and no trace of whose code it was; now it is an Exception (SGLang logs it) naming it."""
+    proc, _ = forward(engine_pool, tmp_path, HOSTILE_FACTORY="exit_decode")
+    assert proc.returncode != 0
+    assert (
+        f"ContractViolationError: the attention backend {FACTORY_IMPL_ID} (hostile_factory "
+        "(sglang-fl-hostile 0.0.1)) raised SystemExit: 3 in forward_decode; a forward must "
+        "return its output or raise an Exception"
+    ) in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_vendor_backend_returning_the_wrong_shape_is_stopped_naming_it(

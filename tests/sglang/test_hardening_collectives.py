@@ -12,7 +12,8 @@ hard timeout (a hang fails the test). What each test guards against, as on 4ee63
   (a hang with a library of its own; the report still named the vendor);
 - a ``close()`` that never returned kept a finished rank from exiting;
 - two groups given one handle closed it with the first (the second group then ran on a closed
-  link) and a forked child closed its parent's handles at its exit.
+  link), a second group whose set-up failed on another rank closed the handle the first still
+  ran on, and a forked child closed its parent's handles at its exit.
 """
 
 from __future__ import annotations
@@ -149,18 +150,23 @@ def test_a_call_every_rank_declines_falls_back_on_every_rank(
 # -- 4. close() bounded, reported; the rank still exits ----------------------------------------
 
 
+HUNG = "close() did not return within 3 s (SGLANG_FL_PLUGIN_TIMEOUT)"
+
+
 @pytest.mark.parametrize(
-    ("how", "problem"),
+    ("how", "keep", "problem"),
     [
-        ("hang", "close() did not return within 3 s (SGLANG_FL_PLUGIN_TIMEOUT)"),
-        ("raise", "close() raised RuntimeError: cvendor: the link is already gone"),
+        ("hang", "0", HUNG),
+        ("raise", "0", "close() raised RuntimeError: cvendor: the link is already gone"),
+        ("hang", "1", HUNG),  # the group left open: interpreter exit closes it, reported too
     ],
+    ids=["hang-at-destroy", "raise-at-destroy", "hang-at-exit"],
 )
 def test_a_close_that_hangs_or_raises_is_reported_and_the_rank_exits(
-    vendor_site: Path, tmp_path: Path, how: str, problem: str
+    vendor_site: Path, tmp_path: Path, how: str, keep: str, problem: str
 ) -> None:
     started = time.monotonic()
-    done, log, _ = run(vendor_site, tmp_path, COLLECTIVE_VENDOR_CLOSE=how)
+    done, log, _ = run(vendor_site, tmp_path, COLLECTIVE_VENDOR_CLOSE=how, GROUP_RUN_KEEP=keep)
     ranks = results(done)  # both ranks finished, exit status 0
     assert time.monotonic() - started < 200
     states = records(log, "communicator")
@@ -193,6 +199,30 @@ def test_one_handle_for_two_groups_is_closed_once_after_the_last_group(
             ("pp:0", "released"),
             ("ep:0", "closed"),
         ]
+
+
+def test_a_group_whose_set_up_fails_leaves_a_shared_handle_to_the_group_holding_it(
+    vendor_site: Path, tmp_path: Path
+) -> None:
+    """Before: ``ep``'s set-up failed on rank 1, so rank 0 closed what its hook returned, the
+    handle ``pp`` still ran on (closed twice, the first time before ``pp``'s collectives)."""
+    done, log, out = run(
+        vendor_site,
+        tmp_path,
+        COLLECTIVE_VENDOR_SHARED="1",
+        GROUP_RUN_SECOND="1",
+        COLLECTIVE_VENDOR_INIT="raise",
+        COLLECTIVE_VENDOR_INIT_GROUP="ep",
+    )
+    ranks = results(done)
+    for rank in ranks:
+        assert rank["results"]["all_reduce_on_second_group"] == "ok", rank  # the reference
+    closes = [r for r in vendor_lines(out) if "calls" in r]
+    assert sorted(r["pid"] for r in closes) == sorted(r["pid"] for r in ranks), closes
+    for row in closes:  # once, at pp's teardown, after pp's collectives
+        assert row["calls"].get("all_reduce") == 1, row
+    for rows in records(log, "communicator").values():
+        assert [(r["group"], r["state"]) for r in rows] == [("pp:0", "open"), ("pp:0", "closed")]
 
 
 def test_a_forked_child_closes_none_of_its_parents_communicators(

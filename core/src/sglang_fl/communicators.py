@@ -21,7 +21,9 @@ Teardown (:func:`close_communicator`) calls the handle's ``close()`` once, when 
 holding that handle goes (a plugin may hand one handle to several groups), bounded by
 ``SGLANG_FL_PLUGIN_TIMEOUT`` like any plugin code: one that does not return is reported and
 abandoned, so a finished rank still exits. What is still open at interpreter exit is closed
-then (:func:`close_all`); a forked child owns none of its parent's handles and closes none.
+then (:func:`close_all`), and each outcome goes to the listeners an integration registered
+(:func:`report_closes_at_exit`: the SGLang integration's dispatch report); a forked child owns
+none of its parent's handles and closes none.
 
 A call one rank declines with ``Unsupported`` while another does not cannot fall back there:
 the others are in the chosen library's collective. :class:`DeclineCheck` makes the ranks that
@@ -39,7 +41,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -50,7 +52,7 @@ import torch.distributed as dist
 from .dispatch.resolve import CandidateOutcome
 from .dispatch.types import BackendImplKind, OpImpl
 from .errors import CollectiveDivergenceError, SglangFlError, StrictModeError, Unsupported
-from .guard import call_plugin_code, describe_exception
+from .guard import ReservedPluginCall, call_plugin_code, describe_exception
 from .loader import call_plugin_hook
 from .ops.collectives.group import CollectiveGroup
 from .runtime import Runtime
@@ -66,6 +68,7 @@ __all__ = [
     "open_communicator",
     "open_handles",
     "plugin_of",
+    "report_closes_at_exit",
 ]
 
 _log = logging.getLogger(__name__)
@@ -273,7 +276,8 @@ def open_communicator(
     failed = _agree(group, problem is None)
     if failed and problem is None:
         problem = f"{failed} other rank(s) of the group failed to set it up"
-        _close(plugin_name, group, handle, timeout)
+        if not _held(handle):  # a handle another group holds stays open for it
+            _close(plugin_name, group, handle, timeout)
         handle = None
     if problem is not None:
         message = f"plugin {plugin_name!r}: communicator for {group.describe()}: {problem}"
@@ -306,24 +310,39 @@ class _Open:
     handle: Any
     timeout: float
     groups: list[CollectiveGroup]
+    # The thread its close() will run on, started with the handle: at interpreter exit
+    # Python 3.12 starts no thread, and close_all runs there.
+    closer: ReservedPluginCall[None]
 
 
 _open: dict[int, _Open] = {}  # id(handle) -> who holds it; keyed by identity, never hashed
 _open_lock = threading.Lock()
 _exit_registered = False
+# Told how each close() that interpreter exit runs ended (report_closes_at_exit).
+_exit_listeners: list[Callable[[CloseOutcome], object]] = []
 
 
 def _register(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float) -> None:
     global _exit_registered
     with _open_lock:
         if not _exit_registered:
-            atexit.register(close_all)
+            atexit.register(_close_all_at_exit)
             _exit_registered = True
         entry = _open.get(id(handle))
         if entry is None:
-            _open[id(handle)] = _Open(plugin_name, handle, timeout, [group])
+            closer: ReservedPluginCall[None] = ReservedPluginCall(
+                f"close() of plugin {plugin_name!r}'s communicator"
+            )
+            _open[id(handle)] = _Open(plugin_name, handle, timeout, [group], closer)
         else:
             entry.groups.append(group)
+
+
+def _held(handle: Any) -> bool:
+    """Whether some group of this process holds ``handle`` (a plugin that shares one handle
+    between groups may hand a group that failed to set up the one another group runs on)."""
+    with _open_lock:
+        return id(handle) in _open
 
 
 def open_handles() -> list[tuple[str, CollectiveGroup]]:
@@ -349,7 +368,8 @@ def close_communicator(plugin_name: str, group: CollectiveGroup, handle: Any) ->
                 return CloseOutcome(plugin_name, group, closed=False)
             del _open[id(handle)]
     timeout = entry.timeout if entry is not None else _default_timeout()
-    problem = _close(plugin_name, group, handle, timeout)
+    closer = entry.closer if entry is not None else None
+    problem = _close(plugin_name, group, handle, timeout, closer)
     return CloseOutcome(plugin_name, group, closed=problem is None, problem=problem)
 
 
@@ -367,8 +387,15 @@ def _default_timeout() -> float:
         return 60.0
 
 
-def _close(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float) -> str | None:
-    """``handle.close()``, bounded; ``None`` when it returned (or there is none), else why."""
+def _close(
+    plugin_name: str,
+    group: CollectiveGroup,
+    handle: Any,
+    timeout: float,
+    closer: ReservedPluginCall[None] | None = None,
+) -> str | None:
+    """``handle.close()``, bounded (on ``closer``'s thread when the handle has one); ``None``
+    when it returned (or there is none), else why."""
     if handle is None:
         return None
 
@@ -377,11 +404,14 @@ def _close(plugin_name: str, group: CollectiveGroup, handle: Any, timeout: float
         if callable(close):
             close()
 
-    outcome = call_plugin_code(
-        run_close,
-        what=f"close() of plugin {plugin_name!r}'s communicator for {group.describe()}",
-        timeout=timeout,
-    )
+    if closer is not None:
+        outcome = closer.run(run_close, timeout=timeout)
+    else:
+        outcome = call_plugin_code(
+            run_close,
+            what=f"close() of plugin {plugin_name!r}'s communicator for {group.describe()}",
+            timeout=timeout,
+        )
     if outcome.timed_out:
         problem = f"close() did not return within {timeout:g} s (SGLANG_FL_PLUGIN_TIMEOUT)"
     elif outcome.error is not None:
@@ -403,6 +433,27 @@ def close_all() -> list[CloseOutcome]:
     with _open_lock:
         pending = [(e.plugin, g, e.handle) for e in list(_open.values()) for g in list(e.groups)]
     return [close_communicator(plugin, group, handle) for plugin, group, handle in pending]
+
+
+def report_closes_at_exit(listener: Callable[[CloseOutcome], object]) -> None:
+    """Have ``listener`` told how each ``close()`` that interpreter exit runs ended (closed,
+    released, or failed with the problem), so that a report written at set-up (``open``)
+    also says how the handle went when nothing tore the group down before exit. Registering
+    the same listener again does nothing. A listener that raises is logged, never raised
+    (the process is exiting)."""
+    with _open_lock:
+        if listener not in _exit_listeners:
+            _exit_listeners.append(listener)
+
+
+def _close_all_at_exit() -> None:
+    """The ``atexit`` teardown: :func:`close_all`, each outcome handed to the listeners."""
+    for outcome in close_all():
+        for listener in list(_exit_listeners):
+            try:
+                listener(outcome)
+            except Exception:
+                _log.exception("sglang-fl: reporting a communicator's close at exit failed")
 
 
 def _forget_in_child() -> None:

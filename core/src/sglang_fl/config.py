@@ -21,6 +21,7 @@ from ._files import append_target_problem
 from .dispatch.order import DEFAULT_SOURCE, NAME_HELP, TOKEN_HELP, OrderToken, is_valid_name
 from .errors import ConfigError
 from .ops import SELECTIONS, STANDARD_OPS, unknown_op_message
+from .ops.attention import SGLANG_ATTENTION_BACKEND
 from .schema import ConfigurationJson
 
 if sys.version_info >= (3, 11):
@@ -223,11 +224,16 @@ def _parse_verify_ops(raw: Any, where: str) -> tuple[str, ...] | None:
     names = _parse_ops(raw, where)
     for name in names or ():
         if name in SELECTIONS:
-            raise ConfigError(
-                f"{where}: {name!r} is a selection (which whole backend serves), not an op: "
-                "it has no output to compare with a reference, so verify mode cannot check it; "
+            hint = (
                 "name the ops its kernel-based backend binds instead (store_kv_cache, "
                 "decode_attention, extend_attention)"
+                if name == SGLANG_ATTENTION_BACKEND
+                else "name the ops the graphs it captures run instead"
+            )
+            raise ConfigError(
+                f"{where}: {name!r} is a selection (which whole backend serves), not an op: "
+                f"it has no output to compare with a reference, so verify mode cannot check it; "
+                f"{hint}"
             )
         if STANDARD_OPS[name].collective is not None:
             raise ConfigError(

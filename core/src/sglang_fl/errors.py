@@ -65,8 +65,9 @@ class GraphModeRefused(SglangFlError, RuntimeError):
 
 
 class ContractViolationError(SglangFlError):
-    """A plugin's code returned what its contract forbids (an output of the wrong shape): the
-    message names the implementation and what was expected."""
+    """A plugin's code returned or raised what its contract forbids (an output of the wrong
+    shape; ``SystemExit`` from a vendor attention backend's forward): the message names the
+    implementation and what was expected."""
 
 
 class CollectiveDivergenceError(SglangFlError):

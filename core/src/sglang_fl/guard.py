@@ -4,9 +4,11 @@ A plugin is in-process code: core cannot sandbox it. What core can do is call it
 turns every exception (``SystemExit`` and ``GeneratorExit`` included; ``KeyboardInterrupt``
 still interrupts) into a reported failure, bounds how long the host waits for it, and knows
 when the calling thread is running plugin code, so that re-entering sglang-fl from there is a
-clear error instead of a deadlock. Text a plugin hands core for display (messages, reasons,
-reprs) is cut at :data:`PLUGIN_TEXT_LIMIT` characters, with a marker saying so, so that one
-plugin cannot make every report and log line as large as it likes.
+clear error instead of a deadlock. A call that may have to run where Python starts no thread
+(interpreter exit, Python 3.12) gets its thread beforehand (:class:`ReservedPluginCall`).
+Text a plugin hands core for display (messages, reasons, reprs) is cut at
+:data:`PLUGIN_TEXT_LIMIT` characters, with a marker saying so, so that one plugin cannot make
+every report and log line as large as it likes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Generic, TypeVar
 __all__ = [
     "PLUGIN_TEXT_LIMIT",
     "PluginCall",
+    "ReservedPluginCall",
     "call_plugin_code",
     "capped",
     "describe_exception",
@@ -140,6 +143,17 @@ class PluginCall(Generic[T]):
     timed_out: bool = False
 
 
+def _run_marked(fn: Callable[[], T], what: str, outcome: list[PluginCall[T]]) -> None:
+    """Run ``fn`` as plugin code ``what`` on this thread; append how it ended to ``outcome``."""
+    _plugin_code.what = what
+    try:
+        value = fn()
+    except BaseException as exc:
+        outcome.append(PluginCall(error=exc, details=_traceback_text()))
+    else:
+        outcome.append(PluginCall(value=value))
+
+
 def call_plugin_code(fn: Callable[[], T], *, what: str, timeout: float) -> PluginCall[T]:
     """Run ``fn`` in a daemon thread marked as running ``what``; wait at most ``timeout`` s.
 
@@ -148,19 +162,48 @@ def call_plugin_code(fn: Callable[[], T], *, what: str, timeout: float) -> Plugi
     registry closes the plugin's scope; the availability cache has already answered).
     """
     outcome: list[PluginCall[T]] = []
-
-    def run() -> None:
-        _plugin_code.what = what
-        try:
-            value = fn()
-        except BaseException as exc:
-            outcome.append(PluginCall(error=exc, details=_traceback_text()))
-        else:
-            outcome.append(PluginCall(value=value))
-
-    thread = threading.Thread(target=run, name=f"sglang-fl: {what}", daemon=True)
+    thread = threading.Thread(
+        target=_run_marked, args=(fn, what, outcome), name=f"sglang-fl: {what}", daemon=True
+    )
     thread.start()
     thread.join(timeout)
     if thread.is_alive() or not outcome:
         return PluginCall(timed_out=True)
     return outcome[0]
+
+
+class ReservedPluginCall(Generic[T]):
+    """One plugin call made later, bounded like :func:`call_plugin_code`, on a daemon thread
+    started now.
+
+    For a call that may have to run where Python starts no thread: at interpreter exit,
+    Python 3.12 refuses ``Thread.start()`` in ``atexit`` handlers (``RuntimeError: can't
+    create new thread at interpreter shutdown``), while a thread started earlier still runs.
+    The thread waits idle until :meth:`run`; it runs one call. It exists only in the process
+    that made it (a forked child has none: reserve there what the child will call).
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._fn: list[Callable[[], T]] = []
+        self._outcome: list[PluginCall[T]] = []
+        self._go = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"sglang-fl: {what}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self._go.wait()
+        _run_marked(self._fn[0], self.what, self._outcome)
+        self._done.set()
+
+    def run(self, fn: Callable[[], T], *, timeout: float) -> PluginCall[T]:
+        """Run ``fn`` on the reserved thread; wait at most ``timeout`` s (then it is abandoned,
+        as :func:`call_plugin_code` abandons a call). A second call raises ``RuntimeError``."""
+        if self._go.is_set():
+            raise RuntimeError(f"the thread reserved for {self.what} has already run its call")
+        self._fn.append(fn)
+        self._go.set()
+        if not self._done.wait(timeout) or not self._outcome:
+            return PluginCall(timed_out=True)
+        return self._outcome[0]

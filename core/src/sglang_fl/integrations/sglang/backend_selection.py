@@ -49,7 +49,7 @@ from ...errors import (
     RegistrationError,
     StrictModeError,
 )
-from ...guard import call_plugin_code, describe_exception, safe_repr
+from ...guard import call_plugin_code, describe_exception, is_interrupt, safe_repr
 from ...loader import call_plugin_hook
 from ...ops.attention import SGLANG_ATTENTION_BACKEND, SglangAttentionBackendOffer
 from ...ops.attention.plan import GraphMode
@@ -397,7 +397,8 @@ _FORWARDS = ("forward_extend", "forward_decode")
 def _watch_forwards(backend: Any, impl: OpImpl) -> None:
     """Make a vendor backend's faults name it: its forwards, as instance attributes, check the
     output's shape (``[tokens, q_heads * v_head_dim]``, what SGLang's ``RadixAttention`` and
-    its next layer take) and mark an exception as the vendor's.
+    its next layer take) and mark an exception as the vendor's (a ``BaseException`` that is not
+    an interrupt, ``SystemExit`` say, becomes a :class:`ContractViolationError` naming it).
 
     Nothing is re-run or replaced: the forward may have written the KV cache before it failed,
     so the error propagates (SGLang stops the request or the engine) and says whose it was.
@@ -418,6 +419,15 @@ def _watched(forward: Callable[..., Any], name: str, who: str) -> Callable[..., 
             if hasattr(exc, "add_note"):  # Python 3.11+
                 exc.add_note(f"sglang-fl: raised by {who} in {name}")
             raise
+        except BaseException as exc:
+            if is_interrupt(exc):
+                raise
+            # SystemExit and the like would end SGLang's scheduler with an exit code and no
+            # trace of whose code it was; an Exception stops it the way SGLang reports.
+            raise ContractViolationError(
+                f"{who} raised {describe_exception(exc)} in {name}; a forward must return "
+                "its output or raise an Exception"
+            ) from exc
         if isinstance(out, torch.Tensor):
             rows, width = q.shape[0], layer.tp_q_head_num * layer.v_head_dim
             if out.shape[0] != rows or out.numel() != rows * width:

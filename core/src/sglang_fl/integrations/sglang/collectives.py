@@ -41,6 +41,7 @@ from ...communicators import (
     close_communicator,
     open_communicator,
     plugin_of,
+    report_closes_at_exit,
 )
 from ...dispatch.binder import FallbackChain
 from ...dispatch.types import BackendImplKind, OpImpl
@@ -235,6 +236,8 @@ class CollectiveRouter:
             self._emit_communicator(outcome.plugin, outcome.group, CommunicatorState.OPEN)
         if not opened:
             return
+        # A group still open at interpreter exit is closed then: its record says how, too.
+        report_closes_at_exit(self.report_close)
         sglang_destroy = coordinator.destroy
 
         def destroy() -> None:
